@@ -1,0 +1,185 @@
+// ChunkCache: the node-local cache of content-named chunks.
+//
+// Layout under the cache directory (docs/formats.md has the reasons):
+//   data/<2 hex>/<32 hex>   one file per chunk, its exact bytes
+//   index/                  LMDB: chunk -> (size, last use); LRU order; totals
+//   tmp/                    chunks being written, named <hex>.<pid>.<n>
+//   lock                    flock: shared while open, exclusive for recovery
+//
+// Guarantees:
+// - A chunk is checked against its name (XXH3-128) when fetched; bad bytes
+//   are never written to data/ and never returned. Hits are not re-hashed.
+// - Any number of concurrent Get()s of a missing chunk in one process cause
+//   one store request; all of them get its result or its error.
+// - Several processes may share a directory. A file appears in data/ only
+//   by rename after it was written and checked, so `kill -9` at any moment
+//   leaves nothing corrupt; the first process to open the directory after
+//   everyone closed it reconciles the index with data/ (and re-hashes chunks
+//   written since the last sync when the machine rebooted in between).
+// - The size cap is kept by evicting least recently used chunks, never one
+//   this process is reading (a Handle pins it). Another process's reader
+//   keeps its open descriptor valid even when the file is evicted.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <thread>
+#include <unordered_map>
+
+#include "cache/object_store.h"
+#include "common/hash.h"
+#include "common/lmdb.h"
+#include "common/status.h"
+#include "common/thread_pool.h"
+#include "common/unique_fd.h"
+#include "common/units.h"
+
+namespace strata::cache {
+
+// The store key of a content-named object: "chunks/<2 hex>/<32 hex>".
+std::string ChunkKey(const Digest128& id);
+
+struct ChunkCacheOptions {
+  std::string dir;
+  uint64_t capacity_bytes = uint64_t{10} << 30;  // 0: no cap (tools that only inspect)
+  size_t fetch_threads = 32;       // concurrent store requests
+  size_t max_background = 4;       // of which prefetches at most
+  Duration fetch_deadline = std::chrono::seconds(60);  // longest a Get waits
+  size_t max_open_files = 1024;    // descriptors kept open for fast hits
+  size_t map_size = size_t{1} << 30;  // LMDB map: ~10 M chunks
+};
+
+// Counters of this process since Open().
+struct ChunkCacheStats {
+  uint64_t hits = 0;            // Get served from data/
+  uint64_t misses = 0;          // Get that started a fetch
+  uint64_t joined = 0;          // Get that waited for another's fetch
+  uint64_t fetches = 0;         // store requests made
+  uint64_t fetch_errors = 0;    // store requests that failed
+  uint64_t corrupt = 0;         // fetched chunks whose hash did not match
+  uint64_t timeouts = 0;        // Get that gave up at the deadline
+  uint64_t bytes_fetched = 0;
+  uint64_t evictions = 0;
+  uint64_t bytes_evicted = 0;
+  uint64_t prefetches = 0;      // Prefetch calls that started a fetch
+};
+
+// Totals of the directory, shared by every process using it.
+struct ChunkCacheUsage {
+  uint64_t chunks = 0;
+  uint64_t bytes = 0;
+  uint64_t capacity = 0;
+};
+
+struct VerifyReport {
+  uint64_t checked = 0;
+  uint64_t bytes = 0;
+  uint64_t corrupt = 0;   // removed: content did not match the name
+  uint64_t missing = 0;   // index entries without a file, dropped
+};
+
+class ChunkCache {
+ public:
+  struct OpenChunk;
+
+  // A pinned chunk: its descriptor stays open and eviction in this process
+  // skips it until every Handle of it is gone. Copyable; thread-safe.
+  class Handle {
+   public:
+    Handle() = default;
+    int fd() const;
+    uint64_t size() const;
+    // Reads up to out.size() bytes at `offset` of the chunk.
+    Result<size_t> Read(uint64_t offset, std::span<char> out) const;
+    // True when this Get started the store request for the chunk.
+    bool fetched() const { return fetched_; }
+
+   private:
+    friend class ChunkCache;
+    Handle(std::shared_ptr<OpenChunk> c, bool fetched) : chunk_(std::move(c)), fetched_(fetched) {}
+    std::shared_ptr<OpenChunk> chunk_;
+    bool fetched_ = false;
+  };
+
+  static Result<std::unique_ptr<ChunkCache>> Open(const ChunkCacheOptions& options);
+  ~ChunkCache();
+  ChunkCache(const ChunkCache&) = delete;
+  ChunkCache& operator=(const ChunkCache&) = delete;
+
+  // The chunk named `id`, from data/ or fetched from `store` (key
+  // ChunkKey(id)) and checked. Waits at most options.fetch_deadline
+  // (ETIMEDOUT); a hash mismatch is EBADMSG. Thread-safe.
+  Result<Handle> Get(const Digest128& id, const std::shared_ptr<ObjectStore>& store);
+  // Get + Handle::Read.
+  Result<size_t> Read(const Digest128& id, const std::shared_ptr<ObjectStore>& store, uint64_t offset,
+                      std::span<char> out);
+  // Fetches the chunk in the background unless it is cached or on its way;
+  // background fetches never take the workers a waiting Get needs.
+  void Prefetch(const Digest128& id, const std::shared_ptr<ObjectStore>& store);
+  bool Contains(const Digest128& id);
+
+  ChunkCacheStats stats() const;
+  Result<ChunkCacheUsage> Usage();
+  // Evicts least recently used chunks until at most `target_bytes` remain.
+  Status Trim(uint64_t target_bytes);
+  // Re-hashes every chunk; removes the corrupt ones and fixes the index.
+  Result<VerifyReport> Verify();
+  // Writes pending last-use times to the index.
+  Status Flush();
+  // Blocks until no fetch (or the eviction that follows one) runs in this
+  // process: for orderly shutdown and for tests that inspect the directory.
+  void WaitForFetches();
+
+  const ChunkCacheOptions& options() const { return options_; }
+
+ private:
+  struct Flight;
+  explicit ChunkCache(const ChunkCacheOptions& options);
+  Status Init();
+  Status Recover(bool* rebuilt);
+  Status Reconcile(bool rebuilt);
+  Status OpenIndex();
+  std::string DataPath(const Digest128& id) const;
+  std::shared_ptr<OpenChunk> OpenCached(const Digest128& id);
+  std::shared_ptr<Flight> StartFetch(const Digest128& id, const std::shared_ptr<ObjectStore>& store,
+                                     bool background, bool* leader);
+  void RunFetch(const Digest128& id, ObjectStore& store, const std::shared_ptr<Flight>& flight);
+  Result<std::shared_ptr<OpenChunk>> Insert(const Digest128& id, std::string_view data);
+  Status EvictTo(uint64_t target_bytes);
+  // Evicts first when `incoming` more bytes would pass the cap.
+  void MakeRoom(uint64_t incoming);
+  bool Pinned(const Digest128& id);
+  void Touch(const Digest128& id);
+  void Maintain();
+  Status SyncToDisk();
+
+  const ChunkCacheOptions options_;
+  UniqueFd lock_fd_;
+  LmdbEnv env_;
+  MDB_dbi chunks_db_ = 0, lru_db_ = 0, meta_db_ = 0;
+
+  mutable std::mutex mu_;  // guards the maps below; never held across I/O
+  std::unordered_map<Digest128, std::shared_ptr<OpenChunk>, Digest128Hash> open_;
+  std::unordered_map<Digest128, std::shared_ptr<Flight>, Digest128Hash> inflight_;
+  std::unordered_map<Digest128, uint64_t, Digest128Hash> touched_;  // id -> last use (us)
+
+  std::atomic<bool> evicting_{false};
+  std::atomic<uint64_t> tmp_counter_{0};
+
+  ChunkCacheStats stats_;  // guarded by mu_
+  size_t jobs_ = 0;        // fetch jobs queued or running; guarded by mu_
+  std::condition_variable idle_cv_;
+
+  std::mutex maintain_mu_;
+  std::condition_variable maintain_cv_;
+  bool stopping_ = false;
+  std::thread maintainer_;
+  std::unique_ptr<ThreadPool> pool_;  // last member: joined first
+};
+
+}  // namespace strata::cache

@@ -1,0 +1,63 @@
+// The ObjectStore helpers and URL dispatch.
+#include "cache/object_store.h"
+
+#include <cerrno>
+#include <cstdlib>
+
+#include "cache/file_store.h"
+#include "common/strings.h"
+
+namespace strata::cache {
+
+Result<bool> ObjectStore::Exists(std::string_view key) {
+  auto size = Size(key);
+  if (size.ok()) return true;
+  if (size.status().code() == ENOENT) return false;
+  return size.status();
+}
+
+Result<std::vector<ObjectInfo>> ListAll(ObjectStore& store, std::string_view prefix) {
+  std::vector<ObjectInfo> all;
+  std::string token;
+  do {
+    STRATA_ASSIGN_OR_RETURN(ListPage page, store.List(prefix, token, 1000));
+    for (auto& o : page.objects) all.push_back(std::move(o));
+    token = std::move(page.next_token);
+  } while (!token.empty());
+  return all;
+}
+
+Status ValidateKey(std::string_view key) {
+  if (key.empty()) return Error(EINVAL, "object key is empty");
+  for (const auto& part : Split(key, '/')) {
+    if (part.empty() || part.front() == '.') {
+      return Error(EINVAL, StrCat("object key ", Quote(key), ": components must be non-empty and must not start with '.'"));
+    }
+  }
+  return OkStatus();
+}
+
+Result<std::shared_ptr<ObjectStore>> OpenStore(std::string_view url) {
+  if (url.starts_with("file://")) {
+    std::string_view path = url.substr(7);
+    if (!path.starts_with("/")) {
+      return Error(EINVAL, StrCat("store URL ", Quote(url), ": file:// needs an absolute path (file:///path)"));
+    }
+    return FileStore::Open(std::string(url), std::string(path));
+  }
+  if (url.starts_with("/")) return FileStore::Open(std::string(url), std::string(url));
+  size_t colon = url.find("://");
+  if (colon == std::string_view::npos) {
+    return Error(EINVAL, StrCat("store URL ", Quote(url), ": expected file:///path or an absolute path"));
+  }
+  return Error(EPROTONOSUPPORT, StrCat("store URL ", Quote(url), ": unsupported scheme ",
+                                       Quote(url.substr(0, colon)), " (supported: file)"));
+}
+
+std::string DefaultStoreUrl(std::string_view flag_value) {
+  if (!flag_value.empty()) return std::string(flag_value);
+  if (const char* env = std::getenv("STRATA_STORE"); env && *env) return env;
+  return kDefaultStorePath;
+}
+
+}  // namespace strata::cache

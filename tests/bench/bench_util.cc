@@ -1,0 +1,46 @@
+// Benchmark helpers.
+#include "tests/bench/bench_util.h"
+
+#include <algorithm>
+#include <cstdio>
+
+namespace strata::bench {
+
+double Median(std::vector<double> samples) { return Percentile(std::move(samples), 50); }
+
+double Percentile(std::vector<double> samples, double p) {
+  if (samples.empty()) return 0;
+  std::sort(samples.begin(), samples.end());
+  size_t i = static_cast<size_t>(p / 100.0 * static_cast<double>(samples.size() - 1) + 0.5);
+  return samples[std::min(i, samples.size() - 1)];
+}
+
+void Table::Print() const {
+  std::vector<size_t> width;
+  for (const auto& row : rows_) {
+    if (width.size() < row.size()) width.resize(row.size(), 0);
+    for (size_t i = 0; i < row.size(); ++i) width[i] = std::max(width[i], row[i].size());
+  }
+  for (size_t r = 0; r < rows_.size(); ++r) {
+    std::string line = "|";
+    for (size_t i = 0; i < width.size(); ++i) {
+      std::string cell = i < rows_[r].size() ? rows_[r][i] : "";
+      line += " " + cell + std::string(width[i] - cell.size(), ' ') + " |";
+    }
+    std::printf("%s\n", line.c_str());
+    if (r == 0) {
+      std::string sep = "|";
+      for (size_t w : width) sep += std::string(w + 2, '-') + "|";
+      std::printf("%s\n", sep.c_str());
+    }
+  }
+  std::fflush(stdout);
+}
+
+std::string Fixed(double v, int digits) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*f", digits, v);
+  return buf;
+}
+
+}  // namespace strata::bench

@@ -1,0 +1,69 @@
+#include "common/subprocess.h"
+
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+
+#include "tests/testing/test_util.h"
+
+namespace strata {
+namespace {
+
+TEST(SubprocessTest, CapturesOutputAndExitCode) {
+  ASSERT_OK_AND_ASSIGN(auto r, RunCommand({.argv = {"sh", "-c", "echo out; echo err >&2; exit 3"}}));
+  EXPECT_EQ(r.exit_code, 3);
+  EXPECT_EQ(r.out, "out\n");
+  EXPECT_EQ(r.err, "err\n");
+  EXPECT_FALSE(r.success());
+}
+
+TEST(SubprocessTest, PassesStdinEnvAndCwd) {
+  ASSERT_OK_AND_ASSIGN(auto r, RunCommand({.argv = {"sh", "-c", "cat; echo $STRATA_X; pwd"},
+                                           .env = {"STRATA_X=hello"},
+                                           .cwd = "/",
+                                           .stdin_data = std::string(200000, 'a')}));
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_EQ(r.out, std::string(200000, 'a') + "hello\n/\n");
+}
+
+TEST(SubprocessTest, TimeoutKillsTheWholeGroup) {
+  auto start = std::chrono::steady_clock::now();
+  // The grandchild would keep stdout open for 30 s if it survived.
+  ASSERT_OK_AND_ASSIGN(auto r, RunCommand({.argv = {"sh", "-c", "sleep 30 & sleep 30"},
+                                           .timeout = std::chrono::milliseconds(200)}));
+  EXPECT_TRUE(r.timed_out);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+}
+
+TEST(SubprocessTest, SignalIsReported) {
+  ASSERT_OK_AND_ASSIGN(auto r, RunCommand({.argv = {"sh", "-c", "kill -TERM $$"}}));
+  EXPECT_EQ(r.term_signal, SIGTERM);
+  EXPECT_NE(r.Describe().find("signal 15"), std::string::npos);
+}
+
+TEST(SubprocessTest, DestructorKillsAndReaps) {
+  pid_t pid;
+  {
+    ASSERT_OK_AND_ASSIGN(Subprocess p, Subprocess::Start({.argv = {"sleep", "30"}}));
+    pid = p.pid();
+    ASSERT_EQ(::kill(pid, 0), 0);
+  }
+  EXPECT_NE(::kill(pid, 0), 0);  // reaped, not a zombie
+}
+
+TEST(SubprocessTest, MissingProgramIsAClearError) {
+  auto r = RunCommand({.argv = {"/nonexistent/strata-tool"}});
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().ToString().find("/nonexistent/strata-tool"), std::string::npos);
+}
+
+TEST(SubprocessTest, RunCheckedNamesStepAndStderr) {
+  auto r = RunChecked({.argv = {"sh", "-c", "echo broken image >&2; exit 1"}}, "build layer");
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().ToString(), "build layer: sh exited with status 1: broken image");
+}
+
+}  // namespace
+}  // namespace strata

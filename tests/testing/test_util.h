@@ -1,0 +1,43 @@
+// Helpers shared by strata's tests.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <random>
+#include <string>
+
+#include "common/fs.h"
+#include "common/status.h"
+
+namespace strata::testing {
+
+// Fails the test with the error's message when `expr` is not OK.
+#define ASSERT_OK(expr)                                                   \
+  do {                                                                    \
+    auto&& strata_test_s_ = (expr);                                       \
+    ASSERT_TRUE(strata_test_s_.ok()) << ::strata::internal::ToStatus(strata_test_s_).ToString(); \
+  } while (0)
+#define EXPECT_OK(expr)                                                   \
+  do {                                                                    \
+    auto&& strata_test_s_ = (expr);                                       \
+    EXPECT_TRUE(strata_test_s_.ok()) << ::strata::internal::ToStatus(strata_test_s_).ToString(); \
+  } while (0)
+
+// `lhs = value of expr`, or fail the test.
+#define ASSERT_OK_AND_ASSIGN(lhs, expr) \
+  ASSERT_OK_AND_ASSIGN_IMPL_(STRATA_CONCAT_(strata_test_r_, __LINE__), lhs, expr)
+#define ASSERT_OK_AND_ASSIGN_IMPL_(tmp, lhs, expr)   \
+  auto tmp = (expr);                                 \
+  ASSERT_TRUE(tmp.ok()) << tmp.status().ToString(); \
+  lhs = std::move(tmp).value()
+
+// A temporary directory for one test, removed afterwards pass or fail.
+TempDir MakeTempDir();
+
+// Deterministic pseudo-random bytes.
+std::string RandomBytes(size_t n, uint64_t seed);
+
+// Directory of the running test binary (helpers are built beside it).
+std::string TestBinaryDir();
+
+}  // namespace strata::testing
