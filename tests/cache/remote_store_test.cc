@@ -38,7 +38,8 @@ constexpr const char* kBucket = "strata-test";
 class RemoteStoreTest : public ::testing::TestWithParam<Backend> {
  protected:
   void SetUp() override {
-    // s3rver's own credentials; s3rver checks well-formed signatures made with them.
+    // The one access key s3rver knows. It checks the key, not SigV4 signatures:
+    // s3_signature_test.cc holds those against botocore.
     ::setenv("AWS_ACCESS_KEY_ID", "S3RVER", 1);
     ::setenv("AWS_SECRET_ACCESS_KEY", "S3RVER", 1);
     ::unsetenv("AWS_SESSION_TOKEN");
@@ -54,10 +55,11 @@ class RemoteStoreTest : public ::testing::TestWithParam<Backend> {
       if (!s3.ok() && s3.status().code() == ENOENT) GTEST_SKIP() << s3.status().ToString();
       ASSERT_TRUE(s3.ok()) << s3.status().ToString();
       s3_ = std::move(*s3);
-      // Virtual-host style: <bucket>.localhost, which curl resolves to loopback itself.
+      // Virtual-host style: <bucket>.s3.localhost, which curl resolves to loopback
+      // itself and s3rver (--service-endpoint localhost) reads the bucket from.
       url_ = GetParam() == Backend::kS3Path
                  ? StrCat("s3://", kBucket, "/layers/v1?endpoint=", s3_->endpoint(), "&", knobs)
-                 : StrCat("s3://", kBucket, "/layers/v1?endpoint=http://localhost:", s3_->port(), "&style=virtual&",
+                 : StrCat("s3://", kBucket, "/layers/v1?endpoint=http://s3.localhost:", s3_->port(), "&style=virtual&",
                           knobs);
     }
     auto store = OpenStore(url_);
@@ -152,7 +154,7 @@ TEST_P(RemoteStoreTest, KeysWithCharactersThatNeedEncoding) {
 
 TEST_P(RemoteStoreTest, ListsMoreThanOnePageInKeyOrder) {
   std::vector<std::string> keys;
-  for (int i = 0; i < 2100; ++i) {
+  for (int i = 0; i < 1200; ++i) {
     std::string hex = StrCat(i % 7, i);
     keys.push_back(StrCat("chunks/", hex.substr(0, 2), "/", hex));
   }
@@ -179,7 +181,7 @@ TEST_P(RemoteStoreTest, ListsMoreThanOnePageInKeyOrder) {
     }
     token = page.next_token;
   } while (!token.empty() && pages < 10);
-  EXPECT_EQ(pages, 3);
+  EXPECT_EQ(pages, 2);
   EXPECT_EQ(got, want);
 
   ASSERT_OK_AND_ASSIGN(auto some, ListAll(*store_, "chunks/1"));

@@ -158,6 +158,9 @@ Result<std::unique_ptr<S3rverServer>> S3rverServer::Start(const std::vector<std:
       options.argv.push_back("--configure-bucket");
       options.argv.push_back(b);
     }
+    // s3rver makes continuation tokens with DES, which OpenSSL 3 keeps in its
+    // legacy provider: without it every truncated listing is a 500.
+    options.env = {"NODE_OPTIONS=--openssl-legacy-provider"};
     options.stdout_mode = StdStream::kNull;
     options.stderr_mode = StdStream::kNull;
     STRATA_ASSIGN_OR_RETURN(Subprocess process, Subprocess::Start(std::move(options)));

@@ -201,6 +201,10 @@ void TestHttpServer::Serve(int fd) {
     }
     buffer.erase(0, end + 4);
     size_t body_len = std::stoul(request.Header("content-length").value_or("0"));
+    if (body_len > buffer.size() && request.Header("expect") == "100-continue" &&
+        !SendAll(fd, "HTTP/1.1 100 Continue\r\n\r\n")) {
+      break;
+    }
     while (buffer.size() < body_len) {
       ssize_t n = ::recv(fd, chunk, sizeof chunk, 0);
       if (n < 0 && errno == EINTR) continue;
