@@ -5,6 +5,9 @@
 #include <cstdlib>
 
 #include "cache/file_store.h"
+#include "cache/http_client.h"
+#include "cache/http_store.h"
+#include "cache/s3_store.h"
 #include "common/strings.h"
 
 namespace strata::cache {
@@ -46,12 +49,33 @@ Result<std::shared_ptr<ObjectStore>> OpenStore(std::string_view url) {
     return FileStore::Open(std::string(url), std::string(path));
   }
   if (url.starts_with("/")) return FileStore::Open(std::string(url), std::string(url));
+  if (url.starts_with("http://") || url.starts_with("https://")) {
+    ParsedUrl parsed = SplitUrlQuery(url);
+    HttpOptions options;
+    for (const auto& [name, value] : parsed.params) {
+      auto applied = ApplyHttpOption(name, value, &options);
+      if (!applied.ok()) return applied.status().Annotate(StrCat("store URL ", Quote(url)));
+      if (!*applied) {
+        return Error(EINVAL, StrCat("store URL ", Quote(url), ": unknown parameter ", Quote(name),
+                                    " (known: timeout, connect_timeout, attempts, backoff, backoff_max, deadline)"));
+      }
+    }
+    size_t host_start = parsed.base.find("://") + 3;
+    if (host_start >= parsed.base.size() || parsed.base[host_start] == '/') {
+      return Error(EINVAL, StrCat("store URL ", Quote(url), ": no host"));
+    }
+    return HttpStore::Open(std::string(url), std::move(parsed.base), options);
+  }
+  if (url.starts_with("s3://")) {
+    STRATA_ASSIGN_OR_RETURN(auto parsed, ParseS3Url(url));
+    return S3Store::Open(std::string(url), std::move(parsed.first), parsed.second);
+  }
   size_t colon = url.find("://");
   if (colon == std::string_view::npos) {
-    return Error(EINVAL, StrCat("store URL ", Quote(url), ": expected file:///path or an absolute path"));
+    return Error(EINVAL, StrCat("store URL ", Quote(url), ": expected file:///path, an absolute path, http(s)://host/prefix or s3://bucket/prefix"));
   }
   return Error(EPROTONOSUPPORT, StrCat("store URL ", Quote(url), ": unsupported scheme ",
-                                       Quote(url.substr(0, colon)), " (supported: file)"));
+                                       Quote(url.substr(0, colon)), " (supported: file, http, https, s3)"));
 }
 
 std::string DefaultStoreUrl(std::string_view flag_value) {

@@ -59,8 +59,10 @@ Result<std::vector<ObjectInfo>> ListAll(ObjectStore& store, std::string_view pre
 // which starts with '.' (so "..", temporary names and hidden files are out).
 Status ValidateKey(std::string_view key);
 
-// Opens the store a URL names: "file:///path" or an absolute path. The
-// error names the URL and what is wrong with it.
+// Opens the store a URL names: "file:///path" or an absolute path (FileStore),
+// "http(s)://host[:port]/prefix" (HttpStore) or "s3://bucket/prefix?..."
+// (S3Store); remote URLs take the retry knobs of HttpOptions as query
+// parameters. The error names the URL and what is wrong with it.
 Result<std::shared_ptr<ObjectStore>> OpenStore(std::string_view url);
 
 // The store from --store, else $STRATA_STORE, else the node's default
