@@ -21,11 +21,6 @@
 
 namespace strata::cache {
 
-std::string ChunkKey(const Digest128& id) {
-  std::string hex = id.Hex();
-  return StrCat("chunks/", hex.substr(0, 2), "/", hex);
-}
-
 struct ChunkCache::OpenChunk {
   UniqueFd fd;
   uint64_t size = 0;

@@ -41,9 +41,6 @@
 
 namespace strata::cache {
 
-// The store key of a content-named object: "chunks/<2 hex>/<32 hex>".
-std::string ChunkKey(const Digest128& id);
-
 struct ChunkCacheOptions {
   std::string dir;
   uint64_t capacity_bytes = uint64_t{10} << 30;  // 0: no cap (tools that only inspect)

@@ -507,9 +507,13 @@ Result<HttpResponse> HttpClient::Perform(const HttpRequest& request, std::string
       curl_easy_setopt(c, CURLOPT_SEEKFUNCTION, &SeekCallback);
       curl_easy_setopt(c, CURLOPT_SEEKDATA, &transfer);
       curl_easy_setopt(c, CURLOPT_INFILESIZE_LARGE, static_cast<curl_off_t>(request.body.size()));
+    } else if (request.method == "POST") {
+      curl_easy_setopt(c, CURLOPT_POSTFIELDS, request.body.data());
+      curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE_LARGE, static_cast<curl_off_t>(request.body.size()));
     } else if (request.method != "GET") {
       curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, request.method.c_str());
     }
+    if (!options_.unix_socket.empty()) curl_easy_setopt(c, CURLOPT_UNIX_SOCKET_PATH, options_.unix_socket.c_str());
     if (!request.aws_sigv4.empty()) {
       curl_easy_setopt(c, CURLOPT_AWS_SIGV4, request.aws_sigv4.c_str());
       curl_easy_setopt(c, CURLOPT_USERNAME, request.access_key.c_str());

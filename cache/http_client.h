@@ -35,6 +35,8 @@ struct HttpOptions {
   Duration backoff_max = std::chrono::seconds(5);
   // The whole call, every attempt and backoff included.
   Duration deadline = std::chrono::seconds(120);
+  // Talk HTTP over this unix socket instead of TCP (the node daemons' APIs).
+  std::string unix_socket;
 };
 
 // Applies one query parameter to `options`. Returns false (and leaves the

@@ -19,6 +19,11 @@ Result<bool> ObjectStore::Exists(std::string_view key) {
   return size.status();
 }
 
+std::string ChunkKey(const Digest128& id) {
+  std::string hex = id.Hex();
+  return StrCat("chunks/", hex.substr(0, 2), "/", hex);
+}
+
 Result<std::vector<ObjectInfo>> ListAll(ObjectStore& store, std::string_view prefix) {
   std::vector<ObjectInfo> all;
   std::string token;

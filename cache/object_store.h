@@ -10,6 +10,7 @@
 #include <string_view>
 #include <vector>
 
+#include "common/hash.h"
 #include "common/status.h"
 
 namespace strata::cache {
@@ -51,6 +52,9 @@ class ObjectStore {
   // Size() that tells "absent" apart from failure.
   Result<bool> Exists(std::string_view key);
 };
+
+// The store key of a content-named object: "chunks/<2 hex>/<32 hex>".
+std::string ChunkKey(const Digest128& id);
 
 // Every object under `prefix`, across all pages.
 Result<std::vector<ObjectInfo>> ListAll(ObjectStore& store, std::string_view prefix);

@@ -42,6 +42,8 @@ Status RemoveTree(const std::string& path);
 class TempDir {
  public:
   static Result<TempDir> Create(std::string_view prefix = "strata");
+  // Takes ownership of an existing directory (e.g. from mkdtemp elsewhere).
+  static TempDir Adopt(std::string path) { return TempDir(std::move(path)); }
   TempDir(TempDir&& other) noexcept : path_(std::move(other.path_)) { other.path_.clear(); }
   TempDir& operator=(TempDir&& other) noexcept;
   TempDir(const TempDir&) = delete;

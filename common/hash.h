@@ -41,6 +41,7 @@ class Hasher {
   Hasher& operator=(const Hasher&) = delete;
   void Update(std::span<const char> data);
   void Update(std::string_view data) { Update(std::span<const char>(data.data(), data.size())); }
+  void Update(const std::string& data) { Update(std::string_view(data)); }
   Digest128 Finish() const;
 
  private:

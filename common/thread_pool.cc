@@ -1,7 +1,34 @@
 // ThreadPool with an urgent and a capped background queue.
 #include "common/thread_pool.h"
 
+#include <algorithm>
+#include <atomic>
+
 namespace strata {
+
+Status ParallelFor(size_t n, size_t threads, const std::function<Status(size_t)>& fn) {
+  std::atomic<size_t> next{0};
+  std::atomic<bool> failed{false};
+  std::mutex mu;
+  Status first;
+  auto worker = [&] {
+    while (!failed.load()) {
+      size_t i = next.fetch_add(1);
+      if (i >= n) return;
+      Status s = fn(i);
+      if (!s.ok()) {
+        std::lock_guard lock(mu);
+        if (!failed.exchange(true)) first = std::move(s);
+      }
+    }
+  };
+  threads = std::max<size_t>(1, std::min(threads, n));
+  std::vector<std::thread> pool;
+  for (size_t t = 1; t < threads; ++t) pool.emplace_back(worker);
+  worker();
+  for (auto& t : pool) t.join();
+  return first;
+}
 
 ThreadPool::ThreadPool(size_t threads, size_t max_background)
     : max_background_(max_background) {

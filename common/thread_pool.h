@@ -11,7 +11,14 @@
 #include <thread>
 #include <vector>
 
+#include "common/status.h"
+
 namespace strata {
+
+// Runs fn(0) .. fn(n-1) on up to `threads` threads and returns the first
+// error (after which no new index starts), or OK.
+Status ParallelFor(size_t n, size_t threads, const std::function<Status(size_t)>& fn);
+
 
 class ThreadPool {
  public:

@@ -45,6 +45,14 @@ Status FaultyStore::BeforeRead(std::string_view key) {
   return OkStatus();
 }
 
+Status FaultyStore::Put(std::string_view key, std::string_view data) {
+  if (puts_left_.load() >= 0 && puts_left_.fetch_sub(1) <= 0) {
+    return Error(put_code_.load(), StrCat("faulty store: put ", key, ": injected failure"));
+  }
+  ++puts_;
+  return inner_->Put(key, data);
+}
+
 Result<std::string> FaultyStore::Get(std::string_view key) {
   STRATA_RETURN_IF_ERROR(BeforeRead(key));
   auto data = inner_->Get(key);

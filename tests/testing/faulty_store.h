@@ -26,6 +26,10 @@ class FaultyStore : public cache::ObjectStore {
   void SetDelay(Duration d) { delay_ns_ = d.count(); }
   // Every read returns its bytes with one bit flipped while set.
   void SetCorrupt(bool corrupt) { corrupt_ = corrupt; }
+  // After `n` more successful puts, every put fails with errno `code`;
+  // a negative n lets every put through again.
+  void FailPutsAfter(int n, int code = ENOSPC) { puts_left_ = n; put_code_ = code; }
+  int puts() const { return puts_.load(); }
   // While closed, reads block until Open() (or the test ends).
   void CloseGate();
   void OpenGate();
@@ -37,7 +41,7 @@ class FaultyStore : public cache::ObjectStore {
   const std::string& url() const override { return inner_->url(); }
   Result<std::string> Get(std::string_view key) override;
   Result<size_t> GetRange(std::string_view key, uint64_t offset, std::span<char> out) override;
-  Status Put(std::string_view key, std::string_view data) override { return inner_->Put(key, data); }
+  Status Put(std::string_view key, std::string_view data) override;
   Result<uint64_t> Size(std::string_view key) override { return inner_->Size(key); }
   Result<cache::ListPage> List(std::string_view prefix, std::string_view token, size_t max_keys) override {
     return inner_->List(prefix, token, max_keys);
@@ -54,6 +58,9 @@ class FaultyStore : public cache::ObjectStore {
   std::atomic<bool> corrupt_{false};
   std::atomic<int64_t> delay_ns_{0};
   std::atomic<int> gets_{0};
+  std::atomic<int> puts_{0};
+  std::atomic<int> puts_left_{-1};
+  std::atomic<int> put_code_{ENOSPC};
   mutable std::mutex mu_;
   std::condition_variable gate_cv_;
   bool gate_closed_ = false;

@@ -1,0 +1,79 @@
+// Owned mounts.
+#include "common/mount.h"
+
+#include <sys/mount.h>
+
+#include <cerrno>
+#include <fstream>
+#include <sstream>
+
+#include "common/log.h"
+#include "common/strings.h"
+
+namespace strata {
+
+Result<MountPoint> MountPoint::Mount(const std::string& source, const std::string& target, const std::string& fstype,
+                                     unsigned long flags, const std::string& data) {
+  if (::mount(source.c_str(), target.c_str(), fstype.c_str(), flags, data.empty() ? nullptr : data.c_str()) != 0) {
+    return ErrnoError(errno, StrCat("mount ", fstype, " ", source, " at ", target, data.empty() ? "" : " (" + data + ")"));
+  }
+  return MountPoint(target);
+}
+
+MountPoint& MountPoint::operator=(MountPoint&& other) noexcept {
+  if (this != &other) {
+    Unmount().IgnoreError();
+    target_ = std::move(other.target_);
+    other.target_.clear();
+  }
+  return *this;
+}
+
+MountPoint::~MountPoint() {
+  Status s = Unmount();
+  if (!s.ok()) STRATA_LOG(kWarn) << s.ToString();
+}
+
+Status MountPoint::Unmount() {
+  if (target_.empty()) return OkStatus();
+  std::string target = std::exchange(target_, std::string());
+  if (::umount2(target.c_str(), UMOUNT_NOFOLLOW) == 0) return OkStatus();
+  int err = errno;
+  if (err == EINVAL || err == ENOENT) return OkStatus();  // already gone
+  if (::umount2(target.c_str(), MNT_DETACH | UMOUNT_NOFOLLOW) == 0) {
+    return ErrnoError(err, StrCat("unmount ", target, " (detached instead; it goes away when no longer used)"));
+  }
+  return ErrnoError(errno, StrCat("unmount ", target));
+}
+
+namespace {
+
+// mountinfo escapes space, tab, newline and backslash as \ooo.
+std::string Unescape(const std::string& s) {
+  std::string out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '\\' && i + 3 < s.size()) {
+      out.push_back(static_cast<char>(std::stoi(s.substr(i + 1, 3), nullptr, 8)));
+      i += 3;
+    } else {
+      out.push_back(s[i]);
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+bool IsMountPoint(const std::string& path) {
+  std::ifstream in("/proc/self/mountinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    std::istringstream fields(line);
+    std::string id, parent, dev, root, mount_point;
+    fields >> id >> parent >> dev >> root >> mount_point;
+    if (Unescape(mount_point) == path) return true;
+  }
+  return false;
+}
+
+}  // namespace strata

@@ -1,0 +1,46 @@
+// The layer builder: a directory or tar archive in, the three files of a
+// layer out (metadata image, data blob, manifest).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "cache/manifest.h"
+#include "common/status.h"
+
+namespace strata::layerctl {
+
+// File names inside a layer directory (`build -o DIR`, `pull -o DIR`).
+inline constexpr const char* kMetaFile = "meta.img";
+inline constexpr const char* kBlobFile = "blob.img";
+inline constexpr const char* kManifestFile = "manifest.json";
+
+struct BuildOptions {
+  std::string source;      // directory, tar archive, or "-" (tar on stdin)
+  std::string output_dir;  // created if missing; the three files are replaced
+  cache::LayerKind kind = cache::LayerKind::kBase;
+  std::string name;
+  std::vector<Digest128> parents;  // diffs: the stack below, bottom first
+  uint32_t chunk_size = 1 << 20;
+  // Where a tar archive is unpacked; default: inside output_dir.
+  std::string staging_dir;
+};
+
+struct BuiltLayer {
+  cache::Manifest manifest;
+  Digest128 digest;
+  std::string dir;
+  uint64_t source_bytes = 0;  // bytes read from the input archive (0 for a directory)
+};
+
+// Builds the layer. Deterministic: the same tree (names, types, modes,
+// owners, mtimes, xattrs, contents) gives the same metadata image, blob and
+// digest, on any machine. Writes nothing into output_dir's final names
+// unless every step succeeded.
+Result<BuiltLayer> BuildLayer(const BuildOptions& options);
+
+// Reads DIR/manifest.json and checks that DIR's image files match it.
+Result<BuiltLayer> OpenLayerDir(const std::string& dir);
+
+}  // namespace strata::layerctl

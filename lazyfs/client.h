@@ -1,0 +1,46 @@
+// Client side of the lazyfs daemon's socket, and starting the daemon on
+// first use.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "common/status.h"
+#include "common/units.h"
+
+namespace strata::cache {
+class HttpClient;
+}
+
+namespace strata::lazyfs {
+
+class Client {
+ public:
+  explicit Client(std::string socket_path);
+  ~Client();
+
+  // Sends a JSON request; a non-2xx answer becomes the daemon's error.
+  Result<nlohmann::json> Call(const std::string& method, const std::string& path, const nlohmann::json& body = {});
+  // Whether a daemon answers on the socket.
+  bool Alive();
+  const std::string& socket_path() const { return socket_path_; }
+
+ private:
+  std::string socket_path_;
+  std::unique_ptr<cache::HttpClient> http_;
+};
+
+struct DaemonLaunch {
+  std::string socket_path;
+  std::string cache_dir;      // empty: the daemon's default
+  std::string cache_size;     // empty: the daemon's default
+};
+
+// Returns once a daemon answers on launch.socket_path, starting one (this
+// executable, "daemon", in the background) when none does. Several callers
+// racing to start one end up sharing the one that wins.
+Status EnsureDaemon(const DaemonLaunch& launch, Duration wait = std::chrono::seconds(20));
+
+}  // namespace strata::lazyfs

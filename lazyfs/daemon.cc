@@ -1,0 +1,428 @@
+// The lazyfs daemon: layer lifetimes, mounts, leases and the control API.
+#include "lazyfs/daemon.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/mount.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <fstream>
+#include <sstream>
+
+#include "common/fs.h"
+#include "common/log.h"
+#include "common/strings.h"
+
+namespace strata::lazyfs {
+
+using nlohmann::json;
+
+std::string StateDirFor(const std::string& socket_path) {
+  std::string base = socket_path;
+  if (base.ends_with(".sock")) base.resize(base.size() - 5);
+  return base + ".d";
+}
+
+namespace {
+
+std::string HostName() {
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  std::string out;
+  for (char c : std::string(host)) out.push_back(std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '.' ? c : '_');
+  return out.empty() || out[0] == '.' || out[0] == '-' ? "node" : out;
+}
+
+// Mount points below `dir` in /proc/self/mountinfo, deepest first.
+std::vector<std::string> MountsBelow(const std::string& dir) {
+  std::vector<std::string> out;
+  std::ifstream in("/proc/self/mountinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    std::istringstream f(line);
+    std::string id, parent, dev, root, mp;
+    f >> id >> parent >> dev >> root >> mp;
+    if (mp.starts_with(dir + "/")) out.push_back(mp);
+  }
+  std::sort(out.begin(), out.end(), [](const std::string& a, const std::string& b) { return a.size() > b.size(); });
+  return out;
+}
+
+json StatsJson(const LayerStats& s) {
+  return {{"image_bytes", s.image_bytes},       {"meta_bytes", s.meta_bytes},
+          {"blob_bytes", s.blob_bytes},         {"stored_bytes", s.stored_bytes},
+          {"bytes_fetched", s.bytes_fetched},   {"bytes_from_cache", s.bytes_from_cache},
+          {"chunks_fetched", s.chunks_fetched}, {"extents_touched", s.extents_touched},
+          {"bytes_touched", s.bytes_touched},   {"blob_fetched_percent", s.blob_fetched_percent},
+          {"fetch_p50_ms", s.fetch_p50_ms},     {"fetch_p99_ms", s.fetch_p99_ms},
+          {"read_errors", s.read_errors}};
+}
+
+Result<json> ParseBody(const std::string& body) {
+  json j = json::parse(body.empty() ? "{}" : body, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return Error(EINVAL, "request body is not a JSON object");
+  return j;
+}
+
+}  // namespace
+
+Daemon::Daemon(const DaemonOptions& options) : options_(options), state_dir_(StateDirFor(options.socket_path)) {}
+
+Result<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
+  std::unique_ptr<Daemon> d(new Daemon(options));
+  Status s = d->Init();
+  if (!s.ok()) return s.Annotate("start lazyfs daemon on " + options.socket_path);
+  return d;
+}
+
+Status Daemon::Init() {
+  STRATA_RETURN_IF_ERROR(MakeDirs(state_dir_ + "/layers", 0700));
+  STRATA_ASSIGN_OR_RETURN(lock_fd_, OpenFile(state_dir_ + "/daemon.lock", O_RDWR | O_CREAT, 0600));
+  if (::flock(lock_fd_.get(), LOCK_EX | LOCK_NB) != 0) {
+    return Error(EEXIST, StrCat("another lazyfs daemon holds ", state_dir_, "/daemon.lock"));
+  }
+  // A daemon that died left its mounts: they only answer errors now.
+  for (const auto& mp : MountsBelow(state_dir_)) {
+    STRATA_LOG(kWarn) << "lazyfs: removing stale mount " << mp << " left by a previous daemon";
+    ::umount2(mp.c_str(), MNT_DETACH);
+  }
+  cache::ChunkCacheOptions cache_options;
+  cache_options.dir = options_.cache_dir;
+  cache_options.capacity_bytes = options_.cache_size;
+  cache_options.fetch_deadline = options_.fetch_deadline;
+  cache_options.fetch_threads = options_.fetch_threads;
+  cache_options.max_background = options_.prefetch_threads;
+  STRATA_ASSIGN_OR_RETURN(cache_, cache::ChunkCache::Open(cache_options));
+  STRATA_ASSIGN_OR_RETURN(fs_, LayerFs::Mount(state_dir_ + "/fuse"));
+  STRATA_RETURN_IF_ERROR(MakeDirs(Dirname(options_.socket_path)));
+  STRATA_ASSIGN_OR_RETURN(server_, HttpServer::ListenUnix(options_.socket_path, 0600,
+                                                          [this](const HttpServer::Request& r) { return Handle(r); }));
+  maintainer_ = std::thread([this] { Maintain(); });
+  return OkStatus();
+}
+
+Daemon::~Daemon() {
+  server_.reset();  // no new requests
+  Stop();
+  if (maintainer_.joinable()) maintainer_.join();
+  std::map<std::string, BindMount> binds;
+  std::map<Digest128, std::shared_ptr<LayerEntry>> layers;
+  {
+    std::lock_guard lock(mu_);
+    binds.swap(binds_);
+    layers.swap(layers_);
+  }
+  for (auto& [mp, bind] : binds) {
+    Status s = bind.mount.Unmount();
+    if (!s.ok()) STRATA_LOG(kWarn) << "lazyfs: " << s.ToString();
+  }
+  for (auto& [digest, entry] : layers) {
+    std::lock_guard lock(entry->mu);
+    Unload(*entry, digest);
+  }
+  fs_.reset();
+}
+
+void Daemon::Wait() {
+  std::unique_lock lock(stop_mu_);
+  stop_cv_.wait(lock, [&] { return stopping_; });
+}
+
+void Daemon::Stop() {
+  {
+    std::lock_guard lock(stop_mu_);
+    stopping_ = true;
+  }
+  stop_cv_.notify_all();
+}
+
+Result<std::shared_ptr<cache::Catalog>> Daemon::CatalogFor(const std::string& store_url) {
+  std::string url = cache::DefaultStoreUrl(store_url);
+  {
+    std::lock_guard lock(mu_);
+    if (auto it = catalogs_.find(url); it != catalogs_.end()) return it->second;
+  }
+  STRATA_ASSIGN_OR_RETURN(auto store, options_.open_store(url));
+  auto catalog = std::make_shared<cache::Catalog>(store);
+  std::lock_guard lock(mu_);
+  return catalogs_.emplace(url, catalog).first->second;
+}
+
+Status Daemon::Load(LayerEntry& entry, const Digest128& digest) {
+  STRATA_ASSIGN_OR_RETURN(cache::Manifest manifest, entry.catalog->GetManifest(digest));
+  auto layer = std::make_shared<ServedLayer>(digest, std::move(manifest), entry.catalog->shared_store(), *cache_);
+  STRATA_RETURN_IF_ERROR(layer->Load());
+  fs_->Add(layer);
+  entry.path = StrCat(state_dir_, "/layers/", digest.Hex());
+  Status s = MakeDirs(entry.path, 0755);
+  auto mount = s.ok() ? MountPoint::Mount(fs_->MetaPath(digest), entry.path, "erofs", MS_RDONLY,
+                                          "device=" + fs_->BlobPath(digest))
+                      : Result<MountPoint>(s);
+  if (!mount.ok()) {
+    fs_->Remove(digest);
+    return mount.status().Annotate(StrCat("mount layer ", digest.Hex()));
+  }
+  entry.erofs = std::move(*mount);
+  entry.layer = layer;
+  // Prefetch what earlier runs read, in their order, in the background.
+  auto access = entry.catalog->GetAccessList(digest);
+  if (access.ok()) {
+    layer->Prefetch(*access);
+  } else if (access.status().code() != ENOENT) {
+    STRATA_LOG(kWarn) << "lazyfs: layer " << digest.Hex() << ": access list: " << access.status().ToString();
+  }
+  Status lease = entry.catalog->PutLease(
+      {options_.node.empty() ? HostName() : options_.node, digest,
+       static_cast<int64_t>(::time(nullptr)) + std::chrono::duration_cast<std::chrono::seconds>(options_.lease_ttl).count()});
+  if (!lease.ok()) STRATA_LOG(kWarn) << "lazyfs: lease on layer " << digest.Hex() << ": " << lease.ToString();
+  STRATA_LOG(kInfo) << "lazyfs: mounted layer " << digest.Hex() << " at " << entry.path;
+  return OkStatus();
+}
+
+void Daemon::Unload(LayerEntry& entry, const Digest128& digest) {
+  if (!entry.layer) return;
+  Status s = entry.erofs.Unmount();
+  if (!s.ok()) STRATA_LOG(kWarn) << "lazyfs: " << s.ToString();
+  ::rmdir(entry.path.c_str());
+  fs_->Remove(digest);
+  Status lease = entry.catalog->DropLease(options_.node.empty() ? HostName() : options_.node, digest);
+  if (!lease.ok()) STRATA_LOG(kWarn) << "lazyfs: drop lease on layer " << digest.Hex() << ": " << lease.ToString();
+  entry.layer.reset();
+  STRATA_LOG(kInfo) << "lazyfs: unmounted layer " << digest.Hex();
+}
+
+Result<Daemon::LayerHandle> Daemon::Acquire(std::string_view ref, const std::string& store_url,
+                                            const std::string& holder) {
+  STRATA_ASSIGN_OR_RETURN(auto catalog, CatalogFor(store_url));
+  STRATA_ASSIGN_OR_RETURN(Digest128 digest, catalog->Resolve(ref));
+  std::shared_ptr<LayerEntry> entry;
+  {
+    std::lock_guard lock(mu_);
+    auto& slot = layers_[digest];
+    if (!slot) {
+      slot = std::make_shared<LayerEntry>();
+      slot->catalog = catalog;
+    }
+    entry = slot;
+    entry->holders.insert(holder);  // from here on the maintainer leaves it alone
+  }
+  std::lock_guard load_lock(entry->mu);
+  if (!entry->layer) {
+    Status s = Load(*entry, digest);
+    if (!s.ok()) {
+      std::lock_guard lock(mu_);
+      entry->holders.erase(holder);
+      if (entry->holders.empty() && layers_[digest] == entry) layers_.erase(digest);
+      return s;
+    }
+  }
+  return LayerHandle{digest, entry->path};
+}
+
+Status Daemon::Release(const Digest128& digest, const std::string& holder) {
+  std::lock_guard lock(mu_);
+  auto it = layers_.find(digest);
+  if (it == layers_.end() || !it->second->holders.erase(holder)) {
+    return Error(ENOENT, StrCat("layer ", digest.Hex(), " is not held by ", Quote(holder)));
+  }
+  if (it->second->holders.empty()) it->second->unused_since = std::chrono::steady_clock::now();
+  return OkStatus();
+}
+
+Result<Daemon::LayerHandle> Daemon::MountAt(std::string_view ref, const std::string& store_url,
+                                            const std::string& mountpoint, bool record) {
+  if (mountpoint.empty() || mountpoint[0] != '/') {
+    return Error(EINVAL, StrCat("mount point ", Quote(mountpoint), ": must be an absolute path"));
+  }
+  {
+    std::lock_guard lock(mu_);
+    if (binds_.count(mountpoint)) return Error(EBUSY, StrCat(mountpoint, ": a lazyfs layer is already mounted there"));
+  }
+  const std::string holder = "mount:" + mountpoint;
+  STRATA_ASSIGN_OR_RETURN(LayerHandle handle, Acquire(ref, store_url, holder));
+  Status s = MakeDirs(mountpoint);
+  auto bind = s.ok() ? MountPoint::Mount(handle.path, mountpoint, "", MS_BIND, "") : Result<MountPoint>(s);
+  if (!bind.ok()) {
+    Release(handle.digest, holder).IgnoreError();
+    return bind.status();
+  }
+  std::lock_guard lock(mu_);
+  binds_[mountpoint] = BindMount{handle.digest, std::move(*bind), record};
+  return handle;
+}
+
+Status Daemon::UnmountAt(const std::string& mountpoint) {
+  std::optional<BindMount> bind;
+  std::shared_ptr<LayerEntry> entry;
+  {
+    std::lock_guard lock(mu_);
+    auto it = binds_.find(mountpoint);
+    if (it != binds_.end()) {
+      bind.emplace(std::move(it->second));
+      binds_.erase(it);
+      if (auto l = layers_.find(bind->digest); l != layers_.end()) entry = l->second;
+    }
+  }
+  if (!bind) {
+    // Not ours (or from a daemon that died): unmount it if something is there.
+    if (!IsMountPoint(mountpoint)) return Error(ENOENT, StrCat(mountpoint, ": no lazyfs layer is mounted there"));
+    return MountPoint::Adopt(mountpoint).Unmount();
+  }
+  Status s = bind->mount.Unmount();
+  if (bind->record && entry) {
+    std::shared_ptr<ServedLayer> layer;
+    {
+      std::lock_guard load_lock(entry->mu);
+      layer = entry->layer;
+    }
+    if (layer) {
+      Status put = entry->catalog->PutAccessList(bind->digest, layer->AccessOrder());
+      if (!put.ok()) s = put.Annotate(StrCat("record access list of layer ", bind->digest.Hex()));
+    }
+  }
+  Release(bind->digest, "mount:" + mountpoint).IgnoreError();
+  return s;
+}
+
+json Daemon::Stats(const std::string& mountpoint_filter) {
+  json layers = json::array();
+  std::vector<std::pair<Digest128, std::shared_ptr<LayerEntry>>> entries;
+  std::map<Digest128, std::vector<std::string>> mounts;
+  {
+    std::lock_guard lock(mu_);
+    for (const auto& [d, e] : layers_) entries.emplace_back(d, e);
+    for (const auto& [mp, b] : binds_) mounts[b.digest].push_back(mp);
+  }
+  for (const auto& [digest, entry] : entries) {
+    std::shared_ptr<ServedLayer> layer;
+    std::set<std::string> holders;
+    {
+      std::lock_guard lock(mu_);
+      holders = entry->holders;
+    }
+    {
+      std::unique_lock load_lock(entry->mu, std::try_to_lock);
+      if (!load_lock.owns_lock()) continue;  // loading right now
+      layer = entry->layer;
+    }
+    if (!layer) continue;
+    const auto& mps = mounts[digest];
+    if (!mountpoint_filter.empty() && std::find(mps.begin(), mps.end(), mountpoint_filter) == mps.end()) continue;
+    json j = StatsJson(layer->Stats());
+    j["digest"] = digest.Hex();
+    j["name"] = layer->manifest().name;
+    j["kind"] = cache::LayerKindName(layer->manifest().kind);
+    j["path"] = entry->path;
+    j["mountpoints"] = mps;
+    j["holders"] = holders.size();
+    layers.push_back(std::move(j));
+  }
+  json result = {{"layers", layers}, {"socket", options_.socket_path}, {"pid", ::getpid()}};
+  auto usage = cache_->Usage();
+  auto cs = cache_->stats();
+  result["cache"] = {{"dir", options_.cache_dir},
+                     {"capacity", options_.cache_size},
+                     {"bytes", usage.ok() ? usage->bytes : 0},
+                     {"chunks", usage.ok() ? usage->chunks : 0},
+                     {"hits", cs.hits},
+                     {"misses", cs.misses},
+                     {"fetches", cs.fetches},
+                     {"fetch_errors", cs.fetch_errors},
+                     {"corrupt", cs.corrupt},
+                     {"timeouts", cs.timeouts},
+                     {"evictions", cs.evictions}};
+  return result;
+}
+
+void Daemon::Maintain() {
+  const auto lease_every = options_.lease_ttl / 4;
+  auto next_lease = std::chrono::steady_clock::now() + lease_every;
+  std::unique_lock stop_lock(stop_mu_);
+  while (!stopping_) {
+    stop_cv_.wait_for(stop_lock, std::chrono::seconds(1));
+    if (stopping_) break;
+    stop_lock.unlock();
+    const auto now = std::chrono::steady_clock::now();
+    std::vector<std::pair<Digest128, std::shared_ptr<LayerEntry>>> idle, all;
+    {
+      std::lock_guard lock(mu_);
+      for (const auto& [d, e] : layers_) {
+        all.emplace_back(d, e);
+        if (e->holders.empty() && now - e->unused_since >= options_.grace) idle.emplace_back(d, e);
+      }
+    }
+    for (auto& [digest, entry] : idle) {
+      std::lock_guard load_lock(entry->mu);
+      {
+        std::lock_guard lock(mu_);
+        if (!entry->holders.empty() || layers_[digest] != entry) continue;  // taken again meanwhile
+        layers_.erase(digest);
+      }
+      Unload(*entry, digest);
+    }
+    if (now >= next_lease) {
+      next_lease = now + lease_every;
+      const int64_t expires = static_cast<int64_t>(::time(nullptr)) +
+                              std::chrono::duration_cast<std::chrono::seconds>(options_.lease_ttl).count();
+      for (auto& [digest, entry] : all) {
+        std::unique_lock load_lock(entry->mu, std::try_to_lock);
+        if (!load_lock.owns_lock() || !entry->layer) continue;
+        Status s = entry->catalog->PutLease({options_.node.empty() ? HostName() : options_.node, digest, expires});
+        if (!s.ok()) STRATA_LOG(kWarn) << "lazyfs: renew lease on layer " << digest.Hex() << ": " << s.ToString();
+      }
+    }
+    stop_lock.lock();
+  }
+}
+
+HttpServer::Response Daemon::Handle(const HttpServer::Request& request) {
+  // The socket is 0600 and owned by root; check the peer anyway.
+  if (request.peer_uid != 0 && request.peer_uid != ::geteuid()) {
+    return HttpServer::ErrorResponse(Error(EACCES, "lazyfs: only root may use this socket"));
+  }
+  auto reply = [](Result<json> r) {
+    if (!r.ok()) return HttpServer::ErrorResponse(r.status());
+    HttpServer::Response response;
+    response.body = r->dump();
+    return response;
+  };
+  auto body = ParseBody(request.body);
+  if (!body.ok()) return HttpServer::ErrorResponse(body.status());
+  const json& j = *body;
+  auto str = [&](const char* key) { return j.contains(key) && j[key].is_string() ? j[key].get<std::string>() : std::string(); };
+
+  if (request.method == "GET" && request.path == "/v1/health") {
+    return reply(json{{"ok", true}, {"pid", ::getpid()}});
+  }
+  if (request.method == "GET" && request.path == "/v1/stats") {
+    auto it = request.query.find("mountpoint");
+    return reply(Stats(it == request.query.end() ? "" : it->second));
+  }
+  if (request.method == "POST" && request.path == "/v1/mount") {
+    auto h = MountAt(str("ref"), str("store"), str("mountpoint"), j.value("record", false));
+    if (!h.ok()) return HttpServer::ErrorResponse(h.status());
+    return reply(json{{"digest", h->digest.Hex()}, {"path", h->path}, {"mountpoint", str("mountpoint")}});
+  }
+  if (request.method == "POST" && request.path == "/v1/umount") {
+    Status s = UnmountAt(str("mountpoint"));
+    if (!s.ok()) return HttpServer::ErrorResponse(s);
+    return reply(json::object());
+  }
+  if (request.method == "POST" && request.path == "/v1/acquire") {
+    if (str("holder").empty()) return HttpServer::ErrorResponse(Error(EINVAL, "acquire: holder is required"));
+    auto h = Acquire(str("ref"), str("store"), str("holder"));
+    if (!h.ok()) return HttpServer::ErrorResponse(h.status());
+    return reply(json{{"digest", h->digest.Hex()}, {"path", h->path}});
+  }
+  if (request.method == "POST" && request.path == "/v1/release") {
+    auto digest = Digest128::FromHex(str("digest"));
+    if (!digest) return HttpServer::ErrorResponse(Error(EINVAL, "release: digest is not 32 hex digits"));
+    Status s = Release(*digest, str("holder"));
+    if (!s.ok()) return HttpServer::ErrorResponse(s);
+    return reply(json::object());
+  }
+  return HttpServer::ErrorResponse(Error(ENOENT, StrCat("lazyfs: no API ", request.method, " ", request.path)));
+}
+
+}  // namespace strata::lazyfs

@@ -1,0 +1,283 @@
+// LayerFs: libfuse low-level operations over ServedLayers.
+#define FUSE_USE_VERSION 312
+#include "lazyfs/layer_fs.h"
+
+#include <fuse_lowlevel.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <algorithm>
+#include <cstring>
+#include <new>
+#include <vector>
+
+#include "common/fs.h"
+#include "common/log.h"
+#include "common/strings.h"
+
+namespace strata::lazyfs {
+namespace {
+
+constexpr double kForever = 86400.0 * 365;  // layers never change under a name
+
+LayerFs* Fs(fuse_req_t req) { return static_cast<LayerFs*>(fuse_req_userdata(req)); }
+
+// The one exception boundary of every FUSE operation: nothing thrown
+// crosses into libfuse; the kernel gets an errno instead.
+template <typename F>
+void Guard(fuse_req_t req, F&& body) {
+  try {
+    body();
+  } catch (const std::bad_alloc&) {
+    fuse_reply_err(req, ENOMEM);
+  } catch (const std::exception& e) {
+    STRATA_LOG(kError) << "lazyfs: FUSE operation failed: " << e.what();
+    fuse_reply_err(req, EIO);
+  }
+}
+
+struct stat StatOf(const LayerFs::Node* node) {
+  struct stat st{};
+  if (!node) {
+    st.st_ino = FUSE_ROOT_ID;
+    st.st_mode = S_IFDIR | 0555;
+    st.st_nlink = 2;
+  } else {
+    st.st_ino = node->ino;
+    st.st_mode = S_IFREG | 0444;
+    st.st_nlink = 1;
+    st.st_size = static_cast<off_t>(node->size);
+    st.st_blocks = static_cast<blkcnt_t>((node->size + 511) / 512);
+  }
+  st.st_blksize = 4096;
+  return st;
+}
+
+void OpLookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
+  Guard(req, [&] {
+    auto node = parent == FUSE_ROOT_ID ? Fs(req)->LookUp(name) : nullptr;
+    if (!node) {
+      fuse_reply_err(req, ENOENT);
+      return;
+    }
+    fuse_entry_param e{};
+    e.ino = node->ino;
+    e.attr = StatOf(node.get());
+    e.attr_timeout = kForever;
+    e.entry_timeout = kForever;
+    fuse_reply_entry(req, &e);
+  });
+}
+
+void OpGetattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) {
+  Guard(req, [&] {
+    if (ino == FUSE_ROOT_ID) {
+      struct stat st = StatOf(nullptr);
+      fuse_reply_attr(req, &st, 1.0);
+      return;
+    }
+    auto node = Fs(req)->FindByIno(ino);
+    if (!node) {
+      fuse_reply_err(req, ENOENT);
+      return;
+    }
+    struct stat st = StatOf(node.get());
+    fuse_reply_attr(req, &st, kForever);
+  });
+}
+
+void OpOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
+  Guard(req, [&] {
+    auto node = Fs(req)->FindByIno(ino);
+    if (!node) {
+      fuse_reply_err(req, ENOENT);
+      return;
+    }
+    if ((fi->flags & O_ACCMODE) != O_RDONLY) {
+      fuse_reply_err(req, EROFS);
+      return;
+    }
+    // The blob's pages are cached by EROFS above us; caching them here too
+    // would hold every byte twice. The metadata image is read through this
+    // page cache by EROFS itself, so it keeps it.
+    fi->direct_io = node->blob ? 1 : 0;
+    fi->keep_cache = node->blob ? 0 : 1;
+    fuse_reply_open(req, fi);
+  });
+}
+
+void OpRead(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info*) {
+  Guard(req, [&] {
+    auto node = Fs(req)->FindByIno(ino);
+    if (!node) {
+      fuse_reply_err(req, ENOENT);
+      return;
+    }
+    thread_local std::vector<char> buf;
+    if (buf.size() < size) buf.resize(size);
+    std::span<char> out(buf.data(), size);
+    auto n = node->blob ? node->layer->ReadBlob(static_cast<uint64_t>(off), out)
+                        : node->layer->ReadMeta(static_cast<uint64_t>(off), out);
+    if (!n.ok()) {
+      STRATA_LOG(kWarn) << "lazyfs: read " << (node->blob ? "blob" : "metadata") << " of layer "
+                        << node->layer->digest().Hex() << " at " << off << ": " << n.status().ToString();
+      fuse_reply_err(req, EIO);
+      return;
+    }
+    fuse_reply_buf(req, buf.data(), *n);
+  });
+}
+
+void OpRelease(fuse_req_t req, fuse_ino_t, fuse_file_info*) { fuse_reply_err(req, 0); }
+
+void OpForget(fuse_req_t req, fuse_ino_t ino, uint64_t nlookup) {
+  Fs(req)->Forget(ino, nlookup);
+  fuse_reply_none(req);
+}
+
+void OpForgetMulti(fuse_req_t req, size_t count, fuse_forget_data* forgets) {
+  for (size_t i = 0; i < count; ++i) Fs(req)->Forget(forgets[i].ino, forgets[i].nlookup);
+  fuse_reply_none(req);
+}
+
+void OpReaddir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info*) {
+  Guard(req, [&] {
+    if (ino != FUSE_ROOT_ID) {
+      fuse_reply_err(req, ENOTDIR);
+      return;
+    }
+    std::vector<std::pair<std::string, struct stat>> entries;
+    struct stat dir = StatOf(nullptr);
+    entries.push_back({".", dir});
+    entries.push_back({"..", dir});
+    for (const auto& [name, node] : Fs(req)->List()) entries.push_back({name, StatOf(node.get())});
+    std::vector<char> buf(size);
+    size_t used = 0;
+    for (size_t i = static_cast<size_t>(off); i < entries.size(); ++i) {
+      size_t need = fuse_add_direntry(req, buf.data() + used, size - used, entries[i].first.c_str(),
+                                      &entries[i].second, static_cast<off_t>(i + 1));
+      if (need > size - used) break;
+      used += need;
+    }
+    fuse_reply_buf(req, buf.data(), used);
+  });
+}
+
+void OpStatfs(fuse_req_t req, fuse_ino_t) {
+  struct statvfs st{};
+  st.f_bsize = 4096;
+  st.f_frsize = 4096;
+  st.f_namemax = 255;
+  fuse_reply_statfs(req, &st);
+}
+
+const fuse_lowlevel_ops kOps = [] {
+  fuse_lowlevel_ops ops{};
+  ops.lookup = OpLookup;
+  ops.getattr = OpGetattr;
+  ops.open = OpOpen;
+  ops.read = OpRead;
+  ops.release = OpRelease;
+  ops.forget = OpForget;
+  ops.forget_multi = OpForgetMulti;
+  ops.readdir = OpReaddir;
+  ops.statfs = OpStatfs;
+  return ops;
+}();
+
+}  // namespace
+
+Result<std::unique_ptr<LayerFs>> LayerFs::Mount(const std::string& mountpoint) {
+  STRATA_RETURN_IF_ERROR(MakeDirs(mountpoint));
+  std::unique_ptr<LayerFs> fs(new LayerFs());
+  fs->mountpoint_ = mountpoint;
+  std::vector<std::string> argv_storage = {"lazyfs", "-o", "fsname=lazyfs,subtype=strata,default_permissions"};
+  std::vector<char*> argv;
+  for (auto& a : argv_storage) argv.push_back(a.data());
+  fuse_args args = FUSE_ARGS_INIT(static_cast<int>(argv.size()), argv.data());
+  fs->session_ = fuse_session_new(&args, &kOps, sizeof kOps, fs.get());
+  if (!fs->session_) return Error(EIO, StrCat("start FUSE session for ", mountpoint));
+  if (fuse_session_mount(fs->session_, mountpoint.c_str()) != 0) {
+    fuse_session_destroy(fs->session_);
+    fs->session_ = nullptr;
+    return Error(EIO, StrCat("mount FUSE at ", mountpoint, " (is /dev/fuse there and the fuse module loaded?)"));
+  }
+  fuse_session* se = fs->session_;
+  fs->loop_ = std::thread([se] {
+    fuse_loop_config* config = fuse_loop_cfg_create();
+    fuse_loop_cfg_set_max_threads(config, 64);
+    fuse_loop_cfg_set_idle_threads(config, 8);
+    fuse_session_loop_mt(se, config);
+    fuse_loop_cfg_destroy(config);
+  });
+  return fs;
+}
+
+LayerFs::~LayerFs() {
+  if (!session_) return;
+  fuse_session_exit(session_);
+  // Unmounting ends the loop's reads of /dev/fuse. MNT_DETACH: an EROFS
+  // mount that still holds a file here must not keep us from going.
+  if (::umount2(mountpoint_.c_str(), MNT_DETACH) != 0 && errno != EINVAL) {
+    STRATA_LOG(kWarn) << "lazyfs: unmount " << mountpoint_ << ": " << std::strerror(errno);
+  }
+  fuse_session_unmount(session_);
+  if (loop_.joinable()) loop_.join();
+  fuse_session_destroy(session_);
+}
+
+void LayerFs::Add(std::shared_ptr<ServedLayer> layer) {
+  std::lock_guard lock(mu_);
+  std::string hex = layer->digest().Hex();
+  for (bool blob : {false, true}) {
+    auto node = std::make_shared<Node>(
+        Node{next_ino_++, layer, blob, blob ? layer->manifest().blob_size : layer->manifest().meta_size});
+    by_name_[hex + (blob ? ".blob" : ".meta")] = node;
+    by_ino_[node->ino] = node;
+  }
+}
+
+void LayerFs::Remove(const Digest128& digest) {
+  std::lock_guard lock(mu_);
+  std::string hex = digest.Hex();
+  for (const char* suffix : {".meta", ".blob"}) {
+    auto it = by_name_.find(hex + suffix);
+    if (it == by_name_.end()) continue;
+    it->second->removed = true;
+    if (it->second->lookups == 0) by_ino_.erase(it->second->ino);
+    by_name_.erase(it);
+  }
+}
+
+std::string LayerFs::MetaPath(const Digest128& digest) const { return mountpoint_ + "/" + digest.Hex() + ".meta"; }
+std::string LayerFs::BlobPath(const Digest128& digest) const { return mountpoint_ + "/" + digest.Hex() + ".blob"; }
+
+std::shared_ptr<LayerFs::Node> LayerFs::LookUp(const std::string& name) {
+  std::lock_guard lock(mu_);
+  auto it = by_name_.find(name);
+  if (it == by_name_.end()) return nullptr;
+  ++it->second->lookups;
+  return it->second;
+}
+
+void LayerFs::Forget(uint64_t ino, uint64_t n) {
+  std::lock_guard lock(mu_);
+  auto it = by_ino_.find(ino);
+  if (it == by_ino_.end()) return;
+  it->second->lookups -= std::min(n, it->second->lookups);
+  if (it->second->lookups == 0 && it->second->removed) by_ino_.erase(it);
+}
+
+std::shared_ptr<LayerFs::Node> LayerFs::FindByIno(uint64_t ino) {
+  std::lock_guard lock(mu_);
+  auto it = by_ino_.find(ino);
+  return it == by_ino_.end() ? nullptr : it->second;
+}
+
+std::map<std::string, std::shared_ptr<LayerFs::Node>> LayerFs::List() {
+  std::lock_guard lock(mu_);
+  return by_name_;
+}
+
+}  // namespace strata::lazyfs

@@ -1,0 +1,65 @@
+// LayerFs: the FUSE filesystem through which the kernel's EROFS driver reads
+// layers. It holds two read-only files per layer, "<digest>.meta" (the
+// metadata image) and "<digest>.blob" (the data blob, opened with
+// FOPEN_DIRECT_IO so its pages are cached once, by EROFS, not also by FUSE).
+#pragma once
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "lazyfs/served_layer.h"
+
+struct fuse_session;
+
+namespace strata::lazyfs {
+
+class LayerFs {
+ public:
+  // Mounts at `mountpoint` (created if missing) and serves on a
+  // multi-threaded libfuse loop (low-level API).
+  static Result<std::unique_ptr<LayerFs>> Mount(const std::string& mountpoint);
+  // Unmounts (lazily if a file is still open) and joins the loop.
+  ~LayerFs();
+  LayerFs(const LayerFs&) = delete;
+  LayerFs& operator=(const LayerFs&) = delete;
+
+  void Add(std::shared_ptr<ServedLayer> layer);
+  // Hides the layer's files from lookups. Their inodes stay readable until
+  // the kernel forgets them (an EROFS mount detached while busy still reads).
+  void Remove(const Digest128& digest);
+
+  std::string MetaPath(const Digest128& digest) const;
+  std::string BlobPath(const Digest128& digest) const;
+  const std::string& mountpoint() const { return mountpoint_; }
+
+  // The FUSE operations call these (from libfuse's threads).
+  struct Node {
+    uint64_t ino;
+    std::shared_ptr<ServedLayer> layer;
+    bool blob;
+    uint64_t size;
+    uint64_t lookups = 0;  // the kernel's references (lookup replies minus forgets)
+    bool removed = false;
+  };
+  // Counts a kernel reference when found.
+  std::shared_ptr<Node> LookUp(const std::string& name);
+  void Forget(uint64_t ino, uint64_t n);
+  std::shared_ptr<Node> FindByIno(uint64_t ino);
+  std::map<std::string, std::shared_ptr<Node>> List();
+
+ private:
+  LayerFs() = default;
+
+  std::string mountpoint_;
+  fuse_session* session_ = nullptr;
+  std::thread loop_;
+  std::mutex mu_;
+  uint64_t next_ino_ = 2;  // 1 is the root; numbers are never reused
+  std::map<std::string, std::shared_ptr<Node>> by_name_;
+  std::map<uint64_t, std::shared_ptr<Node>> by_ino_;
+};
+
+}  // namespace strata::lazyfs

@@ -1,0 +1,216 @@
+// lazyfs: the node daemon that serves layers lazily, and its clients.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <iostream>
+
+#include "cache/object_store.h"
+#include "common/fs.h"
+#include "common/log.h"
+#include "common/mount.h"
+#include "common/strings.h"
+#include "common/units.h"
+#include "lazyfs/client.h"
+#include "lazyfs/daemon.h"
+
+namespace {
+
+using namespace strata;
+using nlohmann::json;
+
+int Fail(const Status& s) {
+  std::fprintf(stderr, "lazyfs: %s\n", s.ToString().c_str());
+  return 1;
+}
+
+std::string EnvOr(const char* name, const std::string& fallback) {
+  const char* v = std::getenv(name);
+  return v && *v ? v : fallback;
+}
+
+// Runs the daemon until SIGTERM/SIGINT. With `background`, forks first and
+// lets the parent return once the child serves (or failed).
+int RunDaemon(const lazyfs::DaemonOptions& options, bool background) {
+  int ready[2] = {-1, -1};
+  if (background) {
+    if (::pipe2(ready, O_CLOEXEC) != 0) return Fail(ErrnoError(errno, "pipe"));
+    pid_t pid = ::fork();
+    if (pid < 0) return Fail(ErrnoError(errno, "fork"));
+    if (pid > 0) {
+      ::close(ready[1]);
+      std::string message;
+      char buf[4096];
+      ssize_t n;
+      while ((n = ::read(ready[0], buf, sizeof buf)) > 0) message.append(buf, static_cast<size_t>(n));
+      if (message == "ok") return 0;
+      std::fprintf(stderr, "%s", message.empty() ? "lazyfs: daemon exited before serving\n" : message.c_str());
+      return 1;
+    }
+    ::close(ready[0]);
+    ::setsid();
+    std::string state = lazyfs::StateDirFor(options.socket_path);
+    MakeDirs(state, 0700).IgnoreError();
+    int null = ::open("/dev/null", O_RDWR);
+    int log = ::open((state + "/lazyfs.log").c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+    ::dup2(null, STDIN_FILENO);
+    ::dup2(null, STDOUT_FILENO);
+    if (log >= 0) ::dup2(log, STDERR_FILENO);
+  }
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGHUP);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);  // every thread inherits it; sigwait below takes them
+  ::signal(SIGPIPE, SIG_IGN);
+
+  auto daemon = lazyfs::Daemon::Start(options);
+  if (!daemon.ok()) {
+    std::string message = "lazyfs: " + daemon.status().ToString() + "\n";
+    if (background) {
+      ssize_t w = ::write(ready[1], message.data(), message.size());
+      (void)w;
+    }
+    std::fputs(message.c_str(), stderr);
+    return 1;
+  }
+  STRATA_LOG(kInfo) << "lazyfs: serving on " << options.socket_path << ", cache " << options.cache_dir;
+  if (background) {
+    ssize_t w = ::write(ready[1], "ok", 2);
+    (void)w;
+    ::close(ready[1]);
+  }
+  std::thread waiter([&] {
+    int sig = 0;
+    sigwait(&signals, &sig);
+    STRATA_LOG(kInfo) << "lazyfs: signal " << sig << ": unmounting and exiting";
+    (*daemon)->Stop();
+  });
+  (*daemon)->Wait();
+  daemon->reset();
+  // The waiter is still in sigwait if Stop came another way; it dies with us.
+  waiter.detach();
+  return 0;
+}
+
+void PrintStats(const json& stats) {
+  std::printf("cache %s: %s of %s in %llu chunks; %llu hits, %llu fetches, %llu errors\n",
+              stats["cache"]["dir"].get<std::string>().c_str(),
+              FormatBytes(stats["cache"]["bytes"].get<uint64_t>()).c_str(),
+              FormatBytes(stats["cache"]["capacity"].get<uint64_t>()).c_str(),
+              static_cast<unsigned long long>(stats["cache"]["chunks"].get<uint64_t>()),
+              static_cast<unsigned long long>(stats["cache"]["hits"].get<uint64_t>()),
+              static_cast<unsigned long long>(stats["cache"]["fetches"].get<uint64_t>()),
+              static_cast<unsigned long long>(stats["cache"]["fetch_errors"].get<uint64_t>()));
+  for (const auto& l : stats["layers"]) {
+    std::printf("layer %s (%s %s)\n", l["digest"].get<std::string>().c_str(), l["kind"].get<std::string>().c_str(),
+                l["name"].get<std::string>().c_str());
+    for (const auto& mp : l["mountpoints"]) std::printf("  mounted at      %s\n", mp.get<std::string>().c_str());
+    std::printf("  image           %s (metadata %s)\n", FormatBytes(l["image_bytes"].get<uint64_t>()).c_str(),
+                FormatBytes(l["meta_bytes"].get<uint64_t>()).c_str());
+    std::printf("  fetched         %s in %llu chunks\n", FormatBytes(l["bytes_fetched"].get<uint64_t>()).c_str(),
+                static_cast<unsigned long long>(l["chunks_fetched"].get<uint64_t>()));
+    std::printf("  from cache      %s\n", FormatBytes(l["bytes_from_cache"].get<uint64_t>()).c_str());
+    std::printf("  blob read       %.2f %%\n", l["blob_fetched_percent"].get<double>());
+    std::printf("  fetch latency   p50 %.2f ms, p99 %.2f ms\n", l["fetch_p50_ms"].get<double>(),
+                l["fetch_p99_ms"].get<double>());
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  SetLogTag("lazyfs");
+  CLI::App app{"lazyfs: serves layers lazily through the kernel's EROFS"};
+  app.require_subcommand(1);
+  app.fallthrough();
+  std::string socket = EnvOr("STRATA_LAZYFS_SOCKET", lazyfs::kDefaultSocket);
+  app.add_option("--socket", socket, "daemon socket")->capture_default_str();
+
+  lazyfs::DaemonOptions options;
+  options.cache_dir = EnvOr("STRATA_CACHE", lazyfs::kDefaultCacheDir);
+  std::string cache_size = EnvOr("STRATA_CACHE_SIZE", "10G"), fetch_timeout = "60s", grace = "30s";
+  bool foreground = false;
+  auto* daemon = app.add_subcommand("daemon", "run the node daemon (in the background unless -f)");
+  daemon->add_option("--cache", options.cache_dir, "chunk cache directory")->capture_default_str();
+  daemon->add_option("--cache-size", cache_size, "chunk cache size cap")->capture_default_str();
+  daemon->add_option("--fetch-timeout", fetch_timeout, "longest a read waits for a chunk")->capture_default_str();
+  daemon->add_option("--grace", grace, "how long an unused layer stays mounted")->capture_default_str();
+  daemon->add_option("--node", options.node, "node name for leases (default: host name)");
+  daemon->add_flag("-f,--foreground", foreground, "stay in the foreground");
+
+  std::string ref, mountpoint, store;
+  bool record = false, as_json = false;
+  auto* mount = app.add_subcommand("mount", "mount a layer read-only (starts the daemon on first use)");
+  mount->add_option("REF", ref, "NAME:VERSION or digest")->required();
+  mount->add_option("MOUNTPOINT", mountpoint, "where the tree appears")->required();
+  mount->add_option("--store", store, "store URL (default: $STRATA_STORE, else /var/lib/strata/store)");
+  mount->add_flag("--record", record, "record the extents read, in order, as the layer's access list");
+  mount->add_option("--cache", options.cache_dir, "cache directory, if this starts the daemon");
+  mount->add_option("--cache-size", cache_size, "cache size cap, if this starts the daemon");
+
+  auto* umount = app.add_subcommand("umount", "unmount a layer (also after the daemon died)");
+  umount->add_option("MOUNTPOINT", mountpoint, "mount point")->required();
+
+  auto* stats = app.add_subcommand("stats", "per layer: sizes, bytes fetched and from cache, latency");
+  stats->add_option("MOUNTPOINT", mountpoint, "only the layer mounted here");
+  stats->add_flag("--json", as_json, "print JSON");
+  CLI11_PARSE(app, argc, argv);
+
+  if (daemon->parsed()) {
+    auto size = ParseSize(cache_size);
+    if (!size.ok()) return Fail(size.status());
+    auto deadline = ParseDuration(fetch_timeout);
+    if (!deadline.ok()) return Fail(deadline.status());
+    auto grace_d = ParseDuration(grace);
+    if (!grace_d.ok()) return Fail(grace_d.status());
+    options.socket_path = socket;
+    options.cache_size = *size;
+    options.fetch_deadline = *deadline;
+    options.grace = *grace_d;
+    if (GetLogLevel() < LogLevel::kInfo) SetLogLevel(LogLevel::kInfo);
+    return RunDaemon(options, !foreground);
+  }
+
+  lazyfs::Client client(socket);
+  if (mount->parsed()) {
+    char abs[PATH_MAX];
+    std::string mp = ::realpath(mountpoint.c_str(), abs) ? abs : mountpoint;
+    Status s = lazyfs::EnsureDaemon({socket, options.cache_dir, cache_size});
+    if (!s.ok()) return Fail(s);
+    auto r = client.Call("POST", "/v1/mount",
+                         {{"ref", ref}, {"store", cache::DefaultStoreUrl(store)}, {"mountpoint", mp}, {"record", record}});
+    if (!r.ok()) return Fail(r.status());
+    std::cout << (*r)["digest"].get<std::string>() << "\n";
+    return 0;
+  }
+  if (umount->parsed()) {
+    char abs[PATH_MAX];
+    std::string mp = ::realpath(mountpoint.c_str(), abs) ? abs : mountpoint;
+    if (client.Alive()) {
+      auto r = client.Call("POST", "/v1/umount", {{"mountpoint", mp}});
+      return r.ok() ? 0 : Fail(r.status());
+    }
+    // No daemon: whatever is mounted there only answers errors now.
+    if (!IsMountPoint(mp)) return Fail(Error(ENOENT, mp + ": nothing is mounted there"));
+    Status s = MountPoint::Adopt(mp).Unmount();
+    return s.ok() ? 0 : Fail(s);
+  }
+  if (stats->parsed()) {
+    std::string path = "/v1/stats";
+    if (!mountpoint.empty()) {
+      char abs[PATH_MAX];
+      path += "?mountpoint=" + std::string(::realpath(mountpoint.c_str(), abs) ? abs : mountpoint);
+    }
+    auto r = client.Call("GET", path);
+    if (!r.ok()) return Fail(r.status());
+    if (as_json) std::cout << r->dump() << "\n";
+    else PrintStats(*r);
+    return 0;
+  }
+  return 0;
+}

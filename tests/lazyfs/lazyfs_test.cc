@@ -1,0 +1,322 @@
+// System tests of lazyfs in kernel mode: a real FUSE mount, real EROFS
+// file-backed mounts, a real store directory.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/mount.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <fstream>
+#include <thread>
+
+#include "cache/catalog.h"
+#include "common/fs.h"
+#include "common/mount.h"
+#include "common/strings.h"
+#include "common/subprocess.h"
+#include "layerctl/builder.h"
+#include "layerctl/publish.h"
+#include "lazyfs/client.h"
+#include "lazyfs/daemon.h"
+#include "tests/testing/faulty_store.h"
+#include "tests/testing/test_util.h"
+#include "tests/testing/tree.h"
+
+namespace strata::lazyfs {
+namespace {
+
+using namespace std::chrono_literals;
+using nlohmann::json;
+using testing::MakeTempDir;
+using testing::RandomBytes;
+
+// No lazyfs-made mount may outlive a test, pass or fail.
+std::vector<std::string> MountsUnder(const std::string& dir) {
+  std::vector<std::string> out;
+  std::ifstream in("/proc/self/mountinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    std::istringstream f(line);
+    std::string id, parent, dev, root, mp;
+    f >> id >> parent >> dev >> root >> mp;
+    if (mp.starts_with(dir)) out.push_back(mp);
+  }
+  return out;
+}
+
+class LazyfsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (::geteuid() != 0) GTEST_SKIP() << "needs root: FUSE and EROFS mounts";
+    if (::access("/dev/fuse", R_OK | W_OK) != 0) GTEST_SKIP() << "needs /dev/fuse";
+    store_url_ = "file://" + dir_.Sub("store");
+    auto inner = cache::OpenStore(store_url_);
+    ASSERT_TRUE(inner.ok());
+    inner_ = *inner;
+    store_ = std::make_shared<testing::FaultyStore>(inner_);
+    catalog_ = std::make_unique<cache::Catalog>(inner_);
+  }
+
+  void TearDown() override {
+    daemon_.reset();
+    for (const auto& mp : MountsUnder(dir_.path())) {
+      ADD_FAILURE() << "mount left behind: " << mp;
+      ::umount2(mp.c_str(), MNT_DETACH);
+    }
+  }
+
+  DaemonOptions Options() {
+    DaemonOptions o;
+    o.socket_path = dir_.Sub("lazyfs.sock");
+    o.cache_dir = dir_.Sub("cache");
+    o.grace = 0s;
+    o.node = "test-node";
+    o.open_store = [this](std::string_view) -> Result<std::shared_ptr<cache::ObjectStore>> { return std::shared_ptr<cache::ObjectStore>(store_); };
+    return o;
+  }
+
+  void StartDaemon(DaemonOptions o) {
+    auto d = Daemon::Start(o);
+    ASSERT_TRUE(d.ok()) << d.status().ToString();
+    daemon_ = std::move(*d);
+  }
+
+  // Builds `src` and publishes it as NAME:1; returns the built layer.
+  layerctl::BuiltLayer Publish(const std::string& src, const std::string& name) {
+    auto built = layerctl::BuildLayer({.source = src, .output_dir = dir_.Sub("build-" + name), .name = name});
+    EXPECT_TRUE(built.ok()) << built.status().ToString();
+    EXPECT_OK(layerctl::Push(*built, *catalog_, cache::LayerRef{name, "1"}).status());
+    return *built;
+  }
+
+  std::string Tool() const { return testing::TestBinaryDir() + "/../../lazyfs/lazyfs"; }
+
+  TempDir dir_ = MakeTempDir();
+  std::string store_url_;
+  std::shared_ptr<cache::ObjectStore> inner_;
+  std::shared_ptr<testing::FaultyStore> store_;
+  std::unique_ptr<cache::Catalog> catalog_;
+  std::unique_ptr<Daemon> daemon_;
+};
+
+TEST_F(LazyfsTest, ARichTreeReadsBackIdentical) {
+  std::string src = dir_.Sub("src");
+  ASSERT_OK(MakeDirs(src));
+  ASSERT_OK(testing::MakeRichTree(src));
+  Publish(src, "rich");
+  StartDaemon(Options());
+  ASSERT_OK(daemon_->MountAt("rich:1", store_url_, dir_.Sub("mnt"), false).status());
+  ASSERT_OK_AND_ASSIGN(auto want, testing::SnapshotTree(src));
+  ASSERT_OK_AND_ASSIGN(auto got, testing::SnapshotTree(dir_.Sub("mnt")));
+  auto diff = testing::DiffTrees(want, got);
+  EXPECT_TRUE(diff.empty()) << Join(diff, "\n");
+  ASSERT_OK(daemon_->UnmountAt(dir_.Sub("mnt")));
+}
+
+TEST_F(LazyfsTest, ReadingOneSmallFileFetchesOnlyItsExtent) {
+  std::string src = dir_.Sub("src");
+  ASSERT_OK(MakeDirs(src));
+  for (int i = 0; i < 50; ++i) ASSERT_OK(WriteFileAtomic(src + StrCat("/big-", i), RandomBytes(1 << 20, i)));
+  ASSERT_OK(WriteFileAtomic(src + "/small", "just this\n"));
+  layerctl::BuiltLayer layer = Publish(src, "lazy");
+  StartDaemon(Options());
+  store_->ResetCounts();
+  ASSERT_OK(daemon_->MountAt("lazy:1", store_url_, dir_.Sub("mnt"), false).status());
+  EXPECT_EQ(store_->GetsOf(cache::ChunkKey(layer.manifest.meta_hash)), 1);
+  int chunk_gets_at_mount = 0;
+  for (const auto& e : layer.manifest.extents) chunk_gets_at_mount += store_->GetsOf(cache::ChunkKey(e.hash));
+  EXPECT_EQ(chunk_gets_at_mount, 0);  // metadata only; no data before a read
+  ASSERT_OK_AND_ASSIGN(std::string got, ReadFileToString(dir_.Sub("mnt/small")));
+  EXPECT_EQ(got, "just this\n");
+  // Listing and stat-ing everything needs metadata only.
+  ASSERT_OK(RunChecked({.argv = {"find", dir_.Sub("mnt"), "-ls"}}, "find").status());
+  json stats = daemon_->Stats(dir_.Sub("mnt"));
+  ASSERT_EQ(stats["layers"].size(), 1u);
+  const auto& l = stats["layers"][0];
+  EXPECT_EQ(l["chunks_fetched"], 1);
+  EXPECT_EQ(l["bytes_fetched"], 10);
+  EXPECT_LT(l["blob_fetched_percent"].get<double>(), 0.01);
+  int data_gets = 0;
+  for (const auto& e : layer.manifest.extents) data_gets += store_->GetsOf(cache::ChunkKey(e.hash));
+  EXPECT_EQ(data_gets, 1);
+  ASSERT_OK(daemon_->UnmountAt(dir_.Sub("mnt")));
+}
+
+TEST_F(LazyfsTest, ConcurrentColdReadersMakeOneRequestPerExtent) {
+  std::string src = dir_.Sub("src");
+  ASSERT_OK(MakeDirs(src));
+  std::string data = RandomBytes(8 << 20, 9);
+  ASSERT_OK(WriteFileAtomic(src + "/cold", data));
+  layerctl::BuiltLayer layer = Publish(src, "cold");
+  StartDaemon(Options());
+  ASSERT_OK(daemon_->MountAt("cold:1", store_url_, dir_.Sub("mnt"), false).status());
+  store_->SetDelay(20ms);
+  std::atomic<int> good{0};
+  std::vector<std::thread> readers;
+  for (int i = 0; i < 32; ++i) {
+    readers.emplace_back([&] {
+      auto got = ReadFileToString(dir_.Sub("mnt/cold"));
+      good += got.ok() && *got == data;
+    });
+  }
+  for (auto& t : readers) t.join();
+  EXPECT_EQ(good.load(), 32);
+  EXPECT_EQ(layer.manifest.extents.size(), 8u);
+  for (const auto& e : layer.manifest.extents) EXPECT_EQ(store_->GetsOf(cache::ChunkKey(e.hash)), 1) << e.hash.Hex();
+  ASSERT_OK(daemon_->UnmountAt(dir_.Sub("mnt")));
+}
+
+TEST_F(LazyfsTest, SlowDownOrCorruptStoresGiveEioNeverHangsOrBadBytes) {
+  std::string src = dir_.Sub("src");
+  ASSERT_OK(MakeDirs(src));
+  ASSERT_OK(WriteFileAtomic(src + "/a", RandomBytes(300000, 1)));
+  ASSERT_OK(WriteFileAtomic(src + "/b", RandomBytes(300000, 2)));
+  ASSERT_OK(WriteFileAtomic(src + "/c", RandomBytes(300000, 3)));
+  Publish(src, "faulty");
+  DaemonOptions o = Options();
+  o.fetch_deadline = 1s;
+  StartDaemon(o);
+  ASSERT_OK(daemon_->MountAt("faulty:1", store_url_, dir_.Sub("mnt"), false).status());
+
+  store_->SetDelay(5s);  // slow: past the deadline
+  auto start = std::chrono::steady_clock::now();
+  auto slow = ReadFileToString(dir_.Sub("mnt/a"));
+  EXPECT_FALSE(slow.ok());
+  EXPECT_EQ(slow.status().code(), EIO);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 4s);
+  store_->SetDelay(0ms);
+
+  store_->SetDown(true);
+  auto down = ReadFileToString(dir_.Sub("mnt/b"));
+  EXPECT_EQ(down.status().code(), EIO);
+  store_->SetDown(false);
+
+  store_->SetCorrupt(true);
+  auto corrupt = ReadFileToString(dir_.Sub("mnt/c"));
+  EXPECT_EQ(corrupt.status().code(), EIO);
+  store_->SetCorrupt(false);
+  // Nothing bad was cached: the same file reads correctly now.
+  ASSERT_OK_AND_ASSIGN(std::string c, ReadFileToString(dir_.Sub("mnt/c")));
+  EXPECT_EQ(c, RandomBytes(300000, 3));
+  ASSERT_OK_AND_ASSIGN(std::string b, ReadFileToString(dir_.Sub("mnt/b")));
+  EXPECT_EQ(b, RandomBytes(300000, 2));
+  ASSERT_OK(daemon_->UnmountAt(dir_.Sub("mnt")));
+}
+
+TEST_F(LazyfsTest, OneMountPerLayerSharedByUsersAndDroppedAfterTheGracePeriod) {
+  std::string src = dir_.Sub("src");
+  ASSERT_OK(MakeDirs(src));
+  ASSERT_OK(WriteFileAtomic(src + "/f", "shared"));
+  Publish(src, "shared");
+  DaemonOptions o = Options();
+  o.grace = 3s;
+  StartDaemon(o);
+  ASSERT_OK_AND_ASSIGN(auto a, daemon_->MountAt("shared:1", store_url_, dir_.Sub("a"), false));
+  ASSERT_OK_AND_ASSIGN(auto b, daemon_->MountAt("shared:1", store_url_, dir_.Sub("b"), false));
+  ASSERT_OK_AND_ASSIGN(auto c, daemon_->Acquire("shared:1", store_url_, "sandbox-1"));
+  EXPECT_EQ(a.path, b.path);
+  EXPECT_EQ(a.path, c.path);
+  json stats = daemon_->Stats("");
+  ASSERT_EQ(stats["layers"].size(), 1u);
+  EXPECT_EQ(stats["layers"][0]["holders"], 3);
+  ASSERT_OK(daemon_->UnmountAt(dir_.Sub("a")));
+  ASSERT_OK(daemon_->UnmountAt(dir_.Sub("b")));
+  ASSERT_OK(daemon_->Release(c.digest, "sandbox-1"));
+  EXPECT_TRUE(IsMountPoint(a.path));  // within the grace period
+  ASSERT_OK_AND_ASSIGN(auto leases, catalog_->ListLeases());
+  EXPECT_EQ(leases.size(), 1u);
+  for (int i = 0; i < 150 && IsMountPoint(a.path); ++i) std::this_thread::sleep_for(100ms);
+  EXPECT_FALSE(IsMountPoint(a.path));
+  ASSERT_OK_AND_ASSIGN(leases, catalog_->ListLeases());
+  EXPECT_TRUE(leases.empty());
+}
+
+TEST_F(LazyfsTest, RecordedAccessListIsPrefetchedAtTheNextMount) {
+  std::string src = dir_.Sub("src");
+  ASSERT_OK(MakeDirs(src));
+  for (int i = 0; i < 20; ++i) ASSERT_OK(WriteFileAtomic(src + StrCat("/f", i), RandomBytes(200000, i)));
+  layerctl::BuiltLayer layer = Publish(src, "rec");
+  {
+    StartDaemon(Options());
+    ASSERT_OK(daemon_->MountAt("rec:1", store_url_, dir_.Sub("mnt"), true).status());
+    ASSERT_OK(ReadFileToString(dir_.Sub("mnt/f7")).status());
+    ASSERT_OK(ReadFileToString(dir_.Sub("mnt/f3")).status());
+    ASSERT_OK(daemon_->UnmountAt(dir_.Sub("mnt")));
+    daemon_.reset();
+  }
+  ASSERT_OK_AND_ASSIGN(auto list, catalog_->GetAccessList(layer.digest));
+  ASSERT_EQ(list.size(), 2u);
+  auto name_of = [&](uint32_t i) { return layer.manifest.extents[i].hash; };
+  EXPECT_EQ(name_of(list[0]), HashBytes(RandomBytes(200000, 7)));
+  EXPECT_EQ(name_of(list[1]), HashBytes(RandomBytes(200000, 3)));
+
+  // A fresh node (empty cache) prefetches both without anyone reading.
+  ASSERT_OK(RemoveTree(dir_.Sub("cache")));
+  StartDaemon(Options());
+  store_->ResetCounts();
+  ASSERT_OK(daemon_->MountAt("rec:1", store_url_, dir_.Sub("mnt"), false).status());
+  for (int i = 0; i < 100; ++i) {
+    if (store_->GetsOf(cache::ChunkKey(name_of(list[0]))) && store_->GetsOf(cache::ChunkKey(name_of(list[1])))) break;
+    std::this_thread::sleep_for(50ms);
+  }
+  EXPECT_EQ(store_->GetsOf(cache::ChunkKey(name_of(list[0]))), 1);
+  EXPECT_EQ(store_->GetsOf(cache::ChunkKey(name_of(list[1]))), 1);
+  ASSERT_OK(daemon_->UnmountAt(dir_.Sub("mnt")));
+}
+
+TEST_F(LazyfsTest, CommandLineStartsTheDaemonAndSurvivesItsDeath) {
+  std::string src = dir_.Sub("src");
+  ASSERT_OK(MakeDirs(src));
+  ASSERT_OK(WriteFileAtomic(src + "/hello", "hello\n"));
+  ASSERT_OK(WriteFileAtomic(src + "/later", RandomBytes(1 << 20, 5)));
+  Publish(src, "cli");
+  const std::string socket = dir_.Sub("cli.sock");
+  auto lazyfs = [&](std::vector<std::string> args) {
+    args.insert(args.begin(), {Tool(), "--socket", socket});
+    return RunCommand({.argv = args, .env = {"STRATA_STORE=" + store_url_, "STRATA_CACHE=" + dir_.Sub("cli-cache")}});
+  };
+  ASSERT_OK_AND_ASSIGN(auto mounted, lazyfs({"mount", "cli:1", dir_.Sub("m1")}));
+  ASSERT_EQ(mounted.exit_code, 0) << mounted.err;
+  ASSERT_OK_AND_ASSIGN(std::string hello, ReadFileToString(dir_.Sub("m1/hello")));
+  EXPECT_EQ(hello, "hello\n");
+  ASSERT_OK_AND_ASSIGN(auto stats, lazyfs({"stats", dir_.Sub("m1"), "--json"}));
+  ASSERT_EQ(stats.exit_code, 0) << stats.err;
+  auto j = nlohmann::json::parse(stats.out);
+  EXPECT_EQ(j["layers"][0]["bytes_fetched"], 6);
+  ASSERT_OK_AND_ASSIGN(auto human, lazyfs({"stats"}));
+  EXPECT_NE(human.out.find("p99"), std::string::npos);
+
+  // Kill the daemon: reads fail instead of hanging, umount cleans up, and
+  // the next mount starts a new daemon.
+  pid_t pid = j["pid"].get<pid_t>();
+  ASSERT_EQ(::kill(pid, SIGKILL), 0);
+  for (int i = 0; i < 100 && ::kill(pid, 0) == 0; ++i) std::this_thread::sleep_for(20ms);
+  auto start = std::chrono::steady_clock::now();
+  auto dead = ReadFileToString(dir_.Sub("m1/later"));
+  EXPECT_FALSE(dead.ok());
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
+  ASSERT_OK_AND_ASSIGN(auto cleaned, lazyfs({"umount", dir_.Sub("m1")}));
+  EXPECT_EQ(cleaned.exit_code, 0) << cleaned.err;
+  EXPECT_FALSE(IsMountPoint(dir_.Sub("m1")));
+  ASSERT_OK_AND_ASSIGN(auto again, lazyfs({"mount", "cli:1", dir_.Sub("m2")}));
+  ASSERT_EQ(again.exit_code, 0) << again.err;
+  ASSERT_OK_AND_ASSIGN(std::string later, ReadFileToString(dir_.Sub("m2/later")));
+  EXPECT_EQ(later, RandomBytes(1 << 20, 5));
+  ASSERT_OK_AND_ASSIGN(auto unmounted, lazyfs({"umount", dir_.Sub("m2")}));
+  EXPECT_EQ(unmounted.exit_code, 0) << unmounted.err;
+
+  // SIGTERM: the daemon unmounts everything and exits.
+  ASSERT_OK_AND_ASSIGN(auto third, lazyfs({"mount", "cli:1", dir_.Sub("m3")}));
+  ASSERT_EQ(third.exit_code, 0) << third.err;
+  ASSERT_OK_AND_ASSIGN(auto s2, lazyfs({"stats", "--json"}));
+  pid = nlohmann::json::parse(s2.out)["pid"].get<pid_t>();
+  ASSERT_EQ(::kill(pid, SIGTERM), 0);
+  for (int i = 0; i < 200 && ::kill(pid, 0) == 0; ++i) std::this_thread::sleep_for(20ms);
+  EXPECT_NE(::kill(pid, 0), 0);
+  EXPECT_FALSE(IsMountPoint(dir_.Sub("m3")));
+  EXPECT_TRUE(MountsUnder(dir_.path()).empty());
+}
+
+}  // namespace
+}  // namespace strata::lazyfs
