@@ -26,6 +26,32 @@
 namespace strata::bench {
 namespace {
 
+void Check(const Status& s) {
+  if (!s.ok()) {
+    std::fprintf(stderr, "stores_bench: %s\n", s.ToString().c_str());
+    std::exit(1);
+  }
+}
+template <typename T>
+T Check(Result<T> r) {
+  Check(r.status());
+  return std::move(r).value();
+}
+
+constexpr int kObjects = 256;
+constexpr size_t kObjectSize = 1 << 20;
+constexpr int kParallel = 8;
+constexpr int kReps = 5;
+constexpr int kRangeReads = 4000;
+constexpr size_t kRange = 4096;
+
+struct Target {
+  std::string name;  // "nginx", "s3rver"
+  std::shared_ptr<cache::ObjectStore> store;
+  std::string object_base;             // URL the curl command fetches <base><key> from
+  std::vector<std::string> curl_args;  // signing flags for curl
+};
+
 // Ours: every object through a fresh cache from kParallel reader threads.
 double CacheColdFetch(const Target& t, const std::vector<Digest128>& ids) {
   TempDir dir = Check(TempDir::Create("strata-bench"));
