@@ -26,7 +26,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 constexpr size_t kErrorBodyCap = 4096;
-constexpr long kBufferSize = 256 * 1024;  // fewer, larger write callbacks
 constexpr size_t kMaxIdleHandles = 64;
 constexpr size_t kMaxReserve = size_t{1} << 30;  // trust Content-Length only this far
 
@@ -489,7 +488,6 @@ Result<HttpResponse> HttpClient::Perform(const HttpRequest& request, std::string
     curl_easy_setopt(c, CURLOPT_PROTOCOLS_STR, "http,https");
     curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(c, CURLOPT_TCP_KEEPALIVE, 1L);
-    curl_easy_setopt(c, CURLOPT_BUFFERSIZE, kBufferSize);
     curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, std::min(ms(options_.connect_timeout), ms(timeout)));
     curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, ms(timeout));
     curl_easy_setopt(c, CURLOPT_ERRORBUFFER, errbuf);
