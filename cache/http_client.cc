@@ -117,7 +117,8 @@ struct Transfer {
     size_t colon = line.find(':');
     if (colon == std::string_view::npos) return 0;
     response->headers.emplace_back(Lower(Trim(line.substr(0, colon))), std::string(Trim(line.substr(colon + 1))));
-    if (response->headers.back().first == "content-length" && Success() && request->out.empty()) {
+    if (response->headers.back().first == "content-length" && Success() && request->out.empty() &&
+        request->method != "HEAD") {
       if (auto n = ParseUint(response->headers.back().second)) response->body.reserve(std::min<uint64_t>(*n, kMaxReserve));
     }
     return 0;
