@@ -26,7 +26,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 constexpr size_t kErrorBodyCap = 4096;
-constexpr long kBufferSize = 256 * 1024;  // fewer, larger write callbacks
 constexpr size_t kMaxIdleHandles = 64;
 constexpr size_t kMaxReserve = size_t{1} << 30;  // trust Content-Length only this far
 
@@ -118,7 +117,8 @@ struct Transfer {
     size_t colon = line.find(':');
     if (colon == std::string_view::npos) return 0;
     response->headers.emplace_back(Lower(Trim(line.substr(0, colon))), std::string(Trim(line.substr(colon + 1))));
-    if (response->headers.back().first == "content-length" && Success() && request->out.empty()) {
+    if (response->headers.back().first == "content-length" && Success() && request->out.empty() &&
+        request->method != "HEAD") {
       if (auto n = ParseUint(response->headers.back().second)) response->body.reserve(std::min<uint64_t>(*n, kMaxReserve));
     }
     return 0;
@@ -489,7 +489,6 @@ Result<HttpResponse> HttpClient::Perform(const HttpRequest& request, std::string
     curl_easy_setopt(c, CURLOPT_PROTOCOLS_STR, "http,https");
     curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(c, CURLOPT_TCP_KEEPALIVE, 1L);
-    curl_easy_setopt(c, CURLOPT_BUFFERSIZE, kBufferSize);
     curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, std::min(ms(options_.connect_timeout), ms(timeout)));
     curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, ms(timeout));
     curl_easy_setopt(c, CURLOPT_ERRORBUFFER, errbuf);

@@ -49,7 +49,9 @@ int main(int argc, char** argv) {
   auto* fetch = app.add_subcommand("fetch", "fetch chunks into the cache (warm a node), checking each");
   std::string store_url;
   std::vector<std::string> ids;
-  fetch->add_option("--store", store_url, "store URL (default: $STRATA_STORE, else /var/lib/strata/store)");
+  fetch->add_option("--store", store_url,
+                    "store URL: file:///path, http(s)://host/prefix or s3://bucket/prefix "
+                    "(default: $STRATA_STORE, else /var/lib/strata/store)");
   fetch->add_option("ID", ids, "chunk names (32 hex digits)")->required();
   CLI11_PARSE(app, argc, argv);
 
