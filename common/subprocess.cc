@@ -85,6 +85,11 @@ Result<Subprocess> Subprocess::Start(SubprocessOptions options) {
   auto route = [&](int target, StdStream mode, UniqueFd* parent_end) {
     if (!status.ok()) return;
     if (mode == StdStream::kInherit) return;
+    if (mode == StdStream::kFile) {
+      const std::string& file = target == STDOUT_FILENO ? options.stdout_file : options.stderr_file;
+      posix_spawn_file_actions_addopen(&actions, target, file.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0600);
+      return;
+    }
     if (mode == StdStream::kNull) {
       posix_spawn_file_actions_addopen(&actions, target, "/dev/null", O_RDWR, 0);
       return;
@@ -132,6 +137,7 @@ Result<Subprocess> Subprocess::Start(SubprocessOptions options) {
 Subprocess::Subprocess(Subprocess&& other) noexcept
     : options_(std::move(other.options_)),
       pid_(std::exchange(other.pid_, -1)),
+      reaped_status_(other.reaped_status_),
       stdin_(std::move(other.stdin_)),
       stdout_(std::move(other.stdout_)),
       stderr_(std::move(other.stderr_)) {}
@@ -141,6 +147,7 @@ Subprocess& Subprocess::operator=(Subprocess&& other) noexcept {
     KillAndReap();
     options_ = std::move(other.options_);
     pid_ = std::exchange(other.pid_, -1);
+    reaped_status_ = other.reaped_status_;
     stdin_ = std::move(other.stdin_);
     stdout_ = std::move(other.stdout_);
     stderr_ = std::move(other.stderr_);
@@ -154,9 +161,25 @@ void Subprocess::Kill(int sig) {
   if (pid_ > 0) ::kill(-pid_, sig);
 }
 
+bool Subprocess::Running() {
+  if (pid_ <= 0 || reaped_status_ != -1) return false;
+  int status;
+  pid_t r = ::waitpid(pid_, &status, WNOHANG);
+  if (r == pid_) {
+    reaped_status_ = status;
+    ::kill(-pid_, SIGKILL);  // whatever it left in its group
+    return false;
+  }
+  return true;
+}
+
 void Subprocess::KillAndReap() {
   if (pid_ <= 0) return;
   ::kill(-pid_, SIGKILL);
+  if (reaped_status_ != -1) {
+    pid_ = -1;
+    return;
+  }
   int wstatus;
   while (::waitpid(pid_, &wstatus, 0) < 0 && errno == EINTR) {
   }
@@ -212,15 +235,23 @@ Result<SubprocessResult> Subprocess::Wait() {
   }
   if (result.timed_out) Kill(SIGKILL);
 
-  int wstatus = 0;
-  while (true) {
+  int wstatus = reaped_status_;
+  while (wstatus == -1) {
     if (!has_deadline || result.timed_out) {
-      if (::waitpid(pid_, &wstatus, 0) >= 0) break;
+      int st;
+      if (::waitpid(pid_, &st, 0) >= 0) {
+        wstatus = st;
+        break;
+      }
       if (errno == EINTR) continue;
       return ErrnoError(errno, StrCat("wait for ", options_.argv[0]));
     }
-    pid_t r = ::waitpid(pid_, &wstatus, WNOHANG);
-    if (r == pid_) break;
+    int st;
+    pid_t r = ::waitpid(pid_, &st, WNOHANG);
+    if (r == pid_) {
+      wstatus = st;
+      break;
+    }
     if (r < 0 && errno != EINTR) return ErrnoError(errno, StrCat("wait for ", options_.argv[0]));
     if (Clock::now() >= deadline) {
       result.timed_out = true;

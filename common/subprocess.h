@@ -17,7 +17,7 @@
 
 namespace strata {
 
-enum class StdStream { kInherit, kCapture, kNull };
+enum class StdStream { kInherit, kCapture, kNull, kFile };
 
 struct SubprocessOptions {
   std::vector<std::string> argv;  // argv[0] is looked up in PATH
@@ -28,6 +28,7 @@ struct SubprocessOptions {
   std::string cwd;  // empty: the caller's
   StdStream stdout_mode = StdStream::kCapture;
   StdStream stderr_mode = StdStream::kCapture;
+  std::string stdout_file, stderr_file;  // for kFile: appended to, created 0600
   std::optional<std::string> stdin_data;  // nullopt: stdin is /dev/null
   Duration timeout{0};                    // zero: no timeout
 };
@@ -60,6 +61,8 @@ class Subprocess {
   Result<SubprocessResult> Wait();
   // Sends `sig` to the child's process group.
   void Kill(int sig);
+  // Whether the child still runs (reaps it, keeping its status for Wait()).
+  bool Running();
 
  private:
   Subprocess() = default;
@@ -67,6 +70,7 @@ class Subprocess {
 
   SubprocessOptions options_;
   pid_t pid_ = -1;
+  int reaped_status_ = -1;  // set by Running() when it reaped the child
   UniqueFd stdin_, stdout_, stderr_;
 };
 

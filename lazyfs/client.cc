@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "cache/http_client.h"
+#include "common/fs.h"
 #include "common/strings.h"
 #include "common/subprocess.h"
 
@@ -45,14 +46,23 @@ Result<json> Client::Call(const std::string& method, const std::string& path, co
 
 bool Client::Alive() { return ::access(socket_path_.c_str(), F_OK) == 0 && Call("GET", "/v1/health").ok(); }
 
+std::string FindLazyfsExecutable() {
+  char self[4096];
+  ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
+  std::string exe = n > 0 ? std::string(self, static_cast<size_t>(n)) : "";
+  if (Basename(exe) == "lazyfs") return exe;
+  std::string dir = Dirname(exe);
+  for (const std::string& candidate : {dir + "/lazyfs", dir + "/../lazyfs/lazyfs"}) {
+    if (::access(candidate.c_str(), X_OK) == 0) return candidate;
+  }
+  return "lazyfs";  // from PATH
+}
+
 Status EnsureDaemon(const DaemonLaunch& launch, Duration wait) {
   Client client(launch.socket_path);
   if (client.Alive()) return OkStatus();
-  char self[4096];
-  ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
-  if (n <= 0) return ErrnoError(errno, "find the lazyfs executable");
-  self[n] = '\0';
-  std::vector<std::string> argv = {self, "daemon", "--socket", launch.socket_path};
+  std::string exe = launch.executable.empty() ? FindLazyfsExecutable() : launch.executable;
+  std::vector<std::string> argv = {exe, "daemon", "--socket", launch.socket_path};
   if (!launch.cache_dir.empty()) argv.insert(argv.end(), {"--cache", launch.cache_dir});
   if (!launch.cache_size.empty()) argv.insert(argv.end(), {"--cache-size", launch.cache_size});
   // `lazyfs daemon` returns once it serves (or failed); a loser of a start

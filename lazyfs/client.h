@@ -36,7 +36,13 @@ struct DaemonLaunch {
   std::string socket_path;
   std::string cache_dir;      // empty: the daemon's default
   std::string cache_size;     // empty: the daemon's default
+  // The lazyfs executable; empty: this process's own executable when it is
+  // lazyfs, else "lazyfs" beside it, in the build tree's lazyfs/, or in PATH.
+  std::string executable;
 };
+
+// Where the lazyfs executable is, as DaemonLaunch::executable explains.
+std::string FindLazyfsExecutable();
 
 // Returns once a daemon answers on launch.socket_path, starting one (this
 // executable, "daemon", in the background) when none does. Several callers

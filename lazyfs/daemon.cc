@@ -180,8 +180,35 @@ Status Daemon::Load(LayerEntry& entry, const Digest128& digest) {
   return OkStatus();
 }
 
+Result<std::string> Daemon::IdmappedView(LayerEntry& entry, const Digest128& digest, const IdMapping& idmap) {
+  const std::string key = idmap.ToString();
+  if (auto it = entry.idmapped.find(key); it != entry.idmapped.end()) return it->second.target();
+  std::shared_ptr<UniqueFd> ns;
+  {
+    std::lock_guard lock(mu_);
+    ns = userns_[key];
+  }
+  if (!ns) {
+    STRATA_ASSIGN_OR_RETURN(UniqueFd fd, CreateUserNamespace(idmap));
+    ns = std::make_shared<UniqueFd>(std::move(fd));
+    std::lock_guard lock(mu_);
+    userns_[key] = ns;
+  }
+  std::string path = StrCat(state_dir_, "/layers/", digest.Hex(), "@", idmap.host, "-", idmap.size);
+  auto mount = IdmappedMount(entry.path, path, ns->get());
+  if (!mount.ok()) return mount.status().Annotate(StrCat("idmapped view of layer ", digest.Hex()));
+  return entry.idmapped.emplace(key, std::move(*mount)).first->second.target();
+}
+
 void Daemon::Unload(LayerEntry& entry, const Digest128& digest) {
   if (!entry.layer) return;
+  for (auto& [key, mount] : entry.idmapped) {
+    std::string target = mount.target();
+    Status s = mount.Unmount();
+    if (!s.ok()) STRATA_LOG(kWarn) << "lazyfs: " << s.ToString();
+    ::rmdir(target.c_str());
+  }
+  entry.idmapped.clear();
   Status s = entry.erofs.Unmount();
   if (!s.ok()) STRATA_LOG(kWarn) << "lazyfs: " << s.ToString();
   ::rmdir(entry.path.c_str());
@@ -193,7 +220,7 @@ void Daemon::Unload(LayerEntry& entry, const Digest128& digest) {
 }
 
 Result<Daemon::LayerHandle> Daemon::Acquire(std::string_view ref, const std::string& store_url,
-                                            const std::string& holder) {
+                                            const std::string& holder, const std::optional<IdMapping>& idmap) {
   STRATA_ASSIGN_OR_RETURN(auto catalog, CatalogFor(store_url));
   STRATA_ASSIGN_OR_RETURN(Digest128 digest, catalog->Resolve(ref));
   std::shared_ptr<LayerEntry> entry;
@@ -216,6 +243,14 @@ Result<Daemon::LayerHandle> Daemon::Acquire(std::string_view ref, const std::str
       if (entry->holders.empty() && layers_[digest] == entry) layers_.erase(digest);
       return s;
     }
+  }
+  if (idmap) {
+    auto path = IdmappedView(*entry, digest, *idmap);
+    if (!path.ok()) {
+      Release(digest, holder).IgnoreError();
+      return path.status();
+    }
+    return LayerHandle{digest, *path};
   }
   return LayerHandle{digest, entry->path};
 }
@@ -411,7 +446,13 @@ HttpServer::Response Daemon::Handle(const HttpServer::Request& request) {
   }
   if (request.method == "POST" && request.path == "/v1/acquire") {
     if (str("holder").empty()) return HttpServer::ErrorResponse(Error(EINVAL, "acquire: holder is required"));
-    auto h = Acquire(str("ref"), str("store"), str("holder"));
+    std::optional<IdMapping> idmap;
+    if (!str("idmap").empty()) {
+      auto m = IdMapping::Parse(str("idmap"));
+      if (!m.ok()) return HttpServer::ErrorResponse(m.status());
+      idmap = *m;
+    }
+    auto h = Acquire(str("ref"), str("store"), str("holder"), idmap);
     if (!h.ok()) return HttpServer::ErrorResponse(h.status());
     return reply(json{{"digest", h->digest.Hex()}, {"path", h->path}});
   }

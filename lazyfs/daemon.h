@@ -15,6 +15,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -24,6 +25,7 @@
 #include "cache/catalog.h"
 #include "cache/chunk_cache.h"
 #include "common/http_server.h"
+#include "common/idmap.h"
 #include "common/mount.h"
 #include "common/unique_fd.h"
 #include "lazyfs/layer_fs.h"
@@ -69,8 +71,11 @@ class Daemon {
     Digest128 digest;
     std::string path;  // the shared, read-only EROFS mount
   };
-  // Mounts the layer for `holder` (if not mounted yet) and returns its path.
-  Result<LayerHandle> Acquire(std::string_view ref, const std::string& store_url, const std::string& holder);
+  // Mounts the layer for `holder` (if not mounted yet) and returns its path;
+  // with `idmap`, the path of an idmapped view of the same mount (made once
+  // per layer and mapping, for sandboxes in user namespaces).
+  Result<LayerHandle> Acquire(std::string_view ref, const std::string& store_url, const std::string& holder,
+                              const std::optional<IdMapping>& idmap = std::nullopt);
   Status Release(const Digest128& digest, const std::string& holder);
   // Acquire + a bind mount of the layer at `mountpoint`.
   Result<LayerHandle> MountAt(std::string_view ref, const std::string& store_url, const std::string& mountpoint,
@@ -85,6 +90,7 @@ class Daemon {
     std::shared_ptr<cache::Catalog> catalog;
     MountPoint erofs;
     std::string path;
+    std::map<std::string, MountPoint> idmapped;  // by IdMapping::ToString()
     std::set<std::string> holders;  // guarded by Daemon::mu_
     std::chrono::steady_clock::time_point unused_since;  // guarded by Daemon::mu_
   };
@@ -99,6 +105,7 @@ class Daemon {
   HttpServer::Response Handle(const HttpServer::Request& request);
   Result<std::shared_ptr<cache::Catalog>> CatalogFor(const std::string& store_url);
   Status Load(LayerEntry& entry, const Digest128& digest);
+  Result<std::string> IdmappedView(LayerEntry& entry, const Digest128& digest, const IdMapping& idmap);
   void Unload(LayerEntry& entry, const Digest128& digest);
   void Maintain();
 
@@ -112,6 +119,7 @@ class Daemon {
   std::map<Digest128, std::shared_ptr<LayerEntry>> layers_;
   std::map<std::string, std::shared_ptr<cache::Catalog>> catalogs_;  // by store URL
   std::map<std::string, BindMount> binds_;                            // by mountpoint
+  std::map<std::string, std::shared_ptr<UniqueFd>> userns_;          // by IdMapping::ToString()
 
   std::mutex stop_mu_;
   std::condition_variable stop_cv_;

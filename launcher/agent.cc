@@ -1,0 +1,359 @@
+// The agent: requests in, processes out.
+#include "launcher/agent.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "launcher/agent_protocol.h"
+
+namespace strata::launcher {
+
+using nlohmann::json;
+
+namespace {
+
+constexpr const char* kDefaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+Status SendError(int conn, const Status& s) {
+  return WriteFrame(conn, Frame::kError, json{{"error", s.ToString()}, {"errno", s.code()}}.dump());
+}
+
+Result<json> ParseJson(const std::string& payload) {
+  json j = json::parse(payload, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return Error(EINVAL, "agent: request is not a JSON object");
+  return j;
+}
+
+Status MakeParents(const std::string& path) {
+  for (size_t pos = path.find('/', 1); pos != std::string::npos; pos = path.find('/', pos + 1)) {
+    std::string dir = path.substr(0, pos);
+    if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) return ErrnoError(errno, "mkdir " + dir);
+  }
+  return OkStatus();
+}
+
+}  // namespace
+
+void Agent::ReapLoop() {
+  while (true) {
+    uint64_t seen;
+    {
+      std::lock_guard lock(mu_);
+      seen = spawned_;
+    }
+    int status = 0;
+    pid_t pid = ::waitpid(-1, &status, 0);
+    if (pid < 0) {
+      if (errno == EINTR) continue;
+      // ECHILD: no children at all. Sleep until a command is started.
+      std::unique_lock lock(mu_);
+      cv_.wait(lock, [&] { return spawned_ != seen; });
+      continue;
+    }
+    std::lock_guard lock(mu_);  // taken only after Exec registered its child
+    auto it = children_.find(pid);
+    if (it != children_.end()) {
+      it->second = status;
+      cv_.notify_all();
+    }
+    // Anything else was an orphan reparented to us: reaped, forgotten.
+  }
+}
+
+int Agent::WaitChild(pid_t pid) {
+  std::unique_lock lock(mu_);
+  cv_.wait(lock, [&] { return children_[pid] != -1; });
+  int status = children_[pid];
+  children_.erase(pid);
+  return status;
+}
+
+Status Agent::Exec(int conn, const json& req) {
+  std::vector<std::string> argv, env;
+  try {
+    argv = req.at("argv").get<std::vector<std::string>>();
+    if (req.contains("env")) env = req["env"].get<std::vector<std::string>>();
+  } catch (const json::exception&) {
+    return SendError(conn, Error(EINVAL, "exec: argv and env must be arrays of strings"));
+  }
+  if (argv.empty()) return SendError(conn, Error(EINVAL, "exec: empty argv"));
+  const std::string cwd = req.value("cwd", "/");
+  const int64_t timeout_ms = req.value("timeout_ms", int64_t{0});
+  const uint64_t caps[2] = {req.value("stdout_cap", uint64_t{1} << 20), req.value("stderr_cap", uint64_t{1} << 20)};
+  const bool want_stdin = req.value("stdin", false);
+  bool has_path = false;
+  for (const auto& e : env) has_path |= e.starts_with("PATH=");
+  if (!has_path) env.push_back(std::string("PATH=") + kDefaultPath);
+
+  int out[2], err[2], in[2];
+  if (::pipe2(out, O_CLOEXEC) || ::pipe2(err, O_CLOEXEC) || ::pipe2(in, O_CLOEXEC)) {
+    return SendError(conn, ErrnoError(errno, "exec: pipe"));
+  }
+  UniqueFd out_r(out[0]), out_w(out[1]), err_r(err[0]), err_w(err[1]), in_r(in[0]), in_w(in[1]);
+  std::vector<char*> cargv, cenv;
+  for (auto& a : argv) cargv.push_back(a.data());
+  cargv.push_back(nullptr);
+  for (auto& e : env) cenv.push_back(e.data());
+  cenv.push_back(nullptr);
+  int exec_error[2];
+  if (::pipe2(exec_error, O_CLOEXEC)) return SendError(conn, ErrnoError(errno, "exec: pipe"));
+  UniqueFd err_pipe_r(exec_error[0]), err_pipe_w(exec_error[1]);
+
+  const auto start = std::chrono::steady_clock::now();
+  pid_t pid;
+  {
+    std::lock_guard lock(mu_);
+    pid = ::fork();
+    if (pid == 0) {
+      // Child: async-signal-safe calls only.
+      ::setsid();  // its own process group: a timeout kills the whole tree
+      sigset_t none;
+      sigemptyset(&none);
+      ::sigprocmask(SIG_SETMASK, &none, nullptr);
+      ::dup2(in_r.get(), 0);
+      ::dup2(out_w.get(), 1);
+      ::dup2(err_w.get(), 2);
+      int e = 0;
+      if (::chdir(cwd.c_str()) != 0) e = errno;
+      if (!e) {
+        ::environ = cenv.data();
+        ::execvp(cargv[0], cargv.data());
+        e = errno;
+      }
+      ssize_t w = ::write(err_pipe_w.get(), &e, sizeof e);
+      (void)w;
+      ::_exit(127);
+    }
+    if (pid > 0) {
+      children_[pid] = -1;
+      ++spawned_;
+      cv_.notify_all();
+    }
+  }
+  if (pid < 0) return SendError(conn, ErrnoError(errno, "exec: fork"));
+  out_w.reset();
+  err_w.reset();
+  in_r.reset();
+  err_pipe_w.reset();
+  int exec_errno = 0;
+  if (::read(err_pipe_r.get(), &exec_errno, sizeof exec_errno) == sizeof exec_errno) {
+    WaitChild(pid);
+    return SendError(conn, ErrnoError(exec_errno, "exec " + argv[0] + (exec_errno == ENOENT ? "" : " in " + cwd)));
+  }
+  if (!want_stdin) in_w.reset();
+
+  // Stdin is written without blocking: a command that fills its stdout
+  // before reading all its stdin must not deadlock against us.
+  std::string pending_in;
+  size_t pending_off = 0;
+  if (in_w) ::fcntl(in_w.get(), F_SETFL, O_NONBLOCK);
+  uint64_t sent[2] = {0, 0}, total[2] = {0, 0};
+  bool timed_out = false, conn_open = true;
+  UniqueFd* pipes[2] = {&out_r, &err_r};
+  std::vector<char> buf(64 * 1024);
+  auto deadline = start + std::chrono::milliseconds(timeout_ms);
+  Status send_status;
+  // Until both pipes close (the command and everything it started let go
+  // of them) or the command is gone and its pipes stay quiet.
+  bool exited = false;
+  int wait_status = 0;
+  auto quiet_since = std::chrono::steady_clock::time_point::max();
+  while (out_r || err_r) {
+    pollfd fds[4];
+    int n = 0;
+    for (auto* p : pipes) {
+      if (*p) fds[n++] = {p->get(), POLLIN, 0};
+    }
+    const bool writing = in_w && pending_off < pending_in.size();
+    if (writing) fds[n++] = {in_w.get(), POLLOUT, 0};
+    // Take more from the launcher only when the last stdin piece is gone.
+    if (conn_open && !writing) fds[n++] = {conn, POLLIN, 0};
+    int wait_ms = 100;
+    if (timeout_ms > 0 && !timed_out) {
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count();
+      if (left <= 0) {
+        timed_out = true;
+        ::kill(-pid, SIGKILL);
+      } else {
+        wait_ms = static_cast<int>(std::min<int64_t>(left, 100));
+      }
+    }
+    int rc = ::poll(fds, static_cast<nfds_t>(n), wait_ms);
+    if (rc < 0 && errno != EINTR) break;
+    bool got_data = false;
+    for (int i = 0; i < n; ++i) {
+      if (!fds[i].revents) continue;
+      if (fds[i].fd == conn) {
+        Frame type;
+        std::string payload;
+        if (!ReadFrame(conn, &type, &payload).ok()) {
+          conn_open = false;  // the launcher went away: nobody wants the result
+          ::kill(-pid, SIGKILL);
+          continue;
+        }
+        if (type == Frame::kStdin && in_w) {
+          pending_in = std::move(payload);
+          pending_off = 0;
+        } else if (type == Frame::kStdinEof) {
+          in_w.reset();  // (a piece still pending is dropped: the launcher sends EOF last)
+        } else if (type == Frame::kSignal) {
+          auto j = ParseJson(payload);
+          if (j.ok()) ::kill(-pid, j->value("signal", SIGTERM));
+        }
+        continue;
+      }
+      if (in_w && fds[i].fd == in_w.get()) {
+        ssize_t w = ::write(in_w.get(), pending_in.data() + pending_off, pending_in.size() - pending_off);
+        if (w > 0) pending_off += static_cast<size_t>(w);
+        else if (w < 0 && errno != EAGAIN && errno != EINTR) in_w.reset();  // the command closed its stdin
+        continue;
+      }
+      int k = (out_r && fds[i].fd == out_r.get()) ? 0 : 1;
+      ssize_t r = ::read(pipes[k]->get(), buf.data(), buf.size());
+      if (r <= 0) {
+        if (r < 0 && errno == EINTR) continue;
+        pipes[k]->reset();
+        continue;
+      }
+      got_data = true;
+      total[k] += static_cast<uint64_t>(r);
+      // Bytes past the cap are read (so the command never blocks) and dropped.
+      if (sent[k] < caps[k] && send_status.ok()) {
+        size_t take = static_cast<size_t>(std::min<uint64_t>(static_cast<uint64_t>(r), caps[k] - sent[k]));
+        send_status = WriteFrame(conn, k == 0 ? Frame::kStdout : Frame::kStderr, std::string_view(buf.data(), take));
+        sent[k] += take;
+      }
+    }
+    if (!exited) {
+      std::lock_guard lock(mu_);
+      if (children_[pid] != -1) {
+        exited = true;
+        wait_status = children_[pid];
+        children_.erase(pid);
+        quiet_since = std::chrono::steady_clock::now();
+      }
+    }
+    if (exited) {
+      if (got_data) quiet_since = std::chrono::steady_clock::now();
+      // The command is gone; something it left behind holds the pipes.
+      else if (std::chrono::steady_clock::now() - quiet_since > std::chrono::milliseconds(50)) break;
+    }
+  }
+  if (!exited) wait_status = WaitChild(pid);
+  if (timed_out) ::kill(-pid, SIGKILL);  // stragglers of the group
+  json result = {
+      {"exit_code", WIFEXITED(wait_status) ? WEXITSTATUS(wait_status) : -1},
+      {"signal", WIFSIGNALED(wait_status) ? WTERMSIG(wait_status) : 0},
+      {"timed_out", timed_out},
+      {"stdout_bytes", total[0]},
+      {"stderr_bytes", total[1]},
+      {"stdout_truncated", total[0] > sent[0]},
+      {"stderr_truncated", total[1] > sent[1]},
+      {"duration_ms", std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start).count()},
+  };
+  if (!conn_open) return OkStatus();
+  return WriteFrame(conn, Frame::kExit, result.dump());
+}
+
+Status Agent::Put(int conn, const json& req) {
+  const std::string path = req.value("path", "");
+  if (path.empty() || path[0] != '/') return SendError(conn, Error(EINVAL, "put: path must be absolute"));
+  Status s = MakeParents(path);
+  UniqueFd fd;
+  if (s.ok()) {
+    fd.reset(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, req.value("mode", 0644) & 07777));
+    if (!fd) s = ErrnoError(errno, "put: open " + path);
+  }
+  // Read the data frames whatever happened, so the stream stays in step.
+  while (true) {
+    Frame type;
+    std::string payload;
+    STRATA_RETURN_IF_ERROR(ReadFrame(conn, &type, &payload));
+    if (type == Frame::kDataEnd) break;
+    if (type != Frame::kData) return Error(EPROTO, "put: expected data frames");
+    size_t done = 0;
+    while (s.ok() && done < payload.size()) {
+      ssize_t w = ::write(fd.get(), payload.data() + done, payload.size() - done);
+      if (w < 0 && errno == EINTR) continue;
+      if (w < 0) s = ErrnoError(errno, "put: write " + path);
+      else done += static_cast<size_t>(w);
+    }
+  }
+  if (s.ok() && req.contains("uid") && ::fchown(fd.get(), req.value("uid", 0u), req.value("gid", 0u)) != 0) {
+    s = ErrnoError(errno, "put: chown " + path);
+  }
+  if (s.ok() && ::fchmod(fd.get(), req.value("mode", 0644) & 07777) != 0) s = ErrnoError(errno, "put: chmod " + path);
+  if (!s.ok()) return SendError(conn, s);
+  return WriteFrame(conn, Frame::kOk, "{}");
+}
+
+Status Agent::Get(int conn, const json& req) {
+  const std::string path = req.value("path", "");
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd) return SendError(conn, ErrnoError(errno, "get: open " + path));
+  struct stat st;
+  if (::fstat(fd.get(), &st) != 0) return SendError(conn, ErrnoError(errno, "get: stat " + path));
+  if (!S_ISREG(st.st_mode)) return SendError(conn, Error(EINVAL, "get: " + path + " is not a regular file"));
+  STRATA_RETURN_IF_ERROR(WriteFrame(conn, Frame::kOk, json{{"size", st.st_size}, {"mode", st.st_mode & 07777}}.dump()));
+  std::vector<char> buf(kMaxFrame);
+  while (true) {
+    ssize_t r = ::read(fd.get(), buf.data(), buf.size());
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) return SendError(conn, ErrnoError(errno, "get: read " + path));
+    if (r == 0) break;
+    STRATA_RETURN_IF_ERROR(WriteFrame(conn, Frame::kData, std::string_view(buf.data(), static_cast<size_t>(r))));
+  }
+  return WriteFrame(conn, Frame::kDataEnd, "");
+}
+
+void Agent::HandleConnection(UniqueFd conn) {
+  Frame type;
+  std::string payload;
+  if (!ReadFrame(conn.get(), &type, &payload).ok()) return;
+  auto req = ParseJson(payload.empty() ? "{}" : payload);
+  if (!req.ok()) {
+    SendError(conn.get(), req.status()).IgnoreError();
+    return;
+  }
+  Status s;
+  switch (type) {
+    case Frame::kExec: s = Exec(conn.get(), *req); break;
+    case Frame::kPut: s = Put(conn.get(), *req); break;
+    case Frame::kGet: s = Get(conn.get(), *req); break;
+    case Frame::kPing: s = WriteFrame(conn.get(), Frame::kOk, json{{"pid", ::getpid()}, {"version", 1}}.dump()); break;
+    case Frame::kShutdown: {
+      {
+        std::lock_guard lock(mu_);
+        shutting_down_ = true;
+      }
+      ::kill(-1, SIGKILL);  // as PID 1: every other process of the sandbox
+      WriteFrame(conn.get(), Frame::kOk, "{}").IgnoreError();
+      ::_exit(0);
+    }
+    default: s = SendError(conn.get(), Error(EPROTO, "agent: unknown request type"));
+  }
+  (void)s;  // a failed send means the launcher went away; nothing to tell it
+}
+
+Status Agent::Serve(int listen_fd) {
+  while (true) {
+    int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno == EINTR || errno == ECONNABORTED) continue;
+      return ErrnoError(errno, "agent: accept");
+    }
+    std::thread([this, fd] { HandleConnection(UniqueFd(fd)); }).detach();
+  }
+}
+
+}  // namespace strata::launcher

@@ -1,0 +1,188 @@
+// AgentClient: requests over the agent's unix socket.
+#include "launcher/agent_client.h"
+
+#include <poll.h>
+#include <sys/inotify.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include "common/fs.h"
+#include "common/strings.h"
+#include "common/unique_fd.h"
+
+namespace strata::launcher {
+
+using nlohmann::json;
+
+namespace {
+
+Status AgentError(const std::string& payload) {
+  json j = json::parse(payload, nullptr, false);
+  if (!j.is_object()) return Error(EIO, "agent: error without a message");
+  return Error(j.value("errno", EIO), "agent: " + j.value("error", std::string("unknown error")));
+}
+
+}  // namespace
+
+Result<int> AgentClient::Connect() {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (socket_path_.size() >= sizeof addr.sun_path) return Error(ENAMETOOLONG, "agent socket path too long: " + socket_path_);
+  std::strcpy(addr.sun_path, socket_path_.c_str());
+  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return ErrnoError(errno, "agent socket");
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    int e = errno;
+    ::close(fd);
+    return ErrnoError(e, "connect to the agent at " + socket_path_);
+  }
+  return fd;
+}
+
+Status AgentClient::WaitReady(Duration wait) {
+  const auto deadline = std::chrono::steady_clock::now() + wait;
+  UniqueFd in(::inotify_init1(IN_CLOEXEC | IN_NONBLOCK));
+  if (in) ::inotify_add_watch(in.get(), Dirname(socket_path_).c_str(), IN_CREATE | IN_MOVED_TO);
+  while (true) {
+    if (::access(socket_path_.c_str(), F_OK) == 0) {
+      auto fd = Connect();
+      if (fd.ok()) {
+        ::close(*fd);
+        return OkStatus();
+      }
+    }
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count();
+    if (left <= 0) return Error(ETIMEDOUT, StrCat("the sandbox's agent did not start listening on ", socket_path_));
+    pollfd p{in ? in.get() : -1, POLLIN, 0};
+    ::poll(&p, 1, static_cast<int>(std::min<int64_t>(left, in ? 100 : 2)));
+    char buf[4096];
+    while (in && ::read(in.get(), buf, sizeof buf) > 0) {
+    }
+  }
+}
+
+Result<ExecResult> AgentClient::Exec(const ExecRequest& request, const OutputSink& sink) {
+  STRATA_ASSIGN_OR_RETURN(int raw, Connect());
+  UniqueFd fd(raw);
+  json req = {{"argv", request.argv},
+              {"env", request.env},
+              {"cwd", request.cwd},
+              {"timeout_ms", std::chrono::duration_cast<std::chrono::milliseconds>(request.timeout).count()},
+              {"stdout_cap", request.stdout_cap},
+              {"stderr_cap", request.stderr_cap},
+              {"stdin", request.stdin_data.has_value()}};
+  STRATA_RETURN_IF_ERROR(WriteFrame(fd.get(), Frame::kExec, req.dump()));
+  // Stdin goes on its own thread while output comes back on this one: the
+  // command may answer before it has read everything.
+  std::thread feeder;
+  if (request.stdin_data) {
+    feeder = std::thread([&request, conn = fd.get()] {
+      std::string_view in = *request.stdin_data;
+      for (size_t off = 0; off < in.size(); off += kMaxFrame) {
+        if (!WriteFrame(conn, Frame::kStdin, in.substr(off, kMaxFrame)).ok()) return;
+      }
+      WriteFrame(conn, Frame::kStdinEof, "").IgnoreError();
+    });
+  }
+  struct Joiner {
+    std::thread& t;
+    int fd;
+    ~Joiner() {
+      if (t.joinable()) {
+        ::shutdown(fd, SHUT_WR);  // unblocks a feeder stuck on a full socket
+        t.join();
+      }
+    }
+  } joiner{feeder, fd.get()};
+  while (true) {
+    Frame type;
+    std::string payload;
+    Status s = ReadFrame(fd.get(), &type, &payload);
+    if (!s.ok()) return s.Annotate("exec " + request.argv[0] + ": the agent went away (the sandbox ended?)");
+    switch (type) {
+      case Frame::kStdout: sink(1, payload); break;
+      case Frame::kStderr: sink(2, payload); break;
+      case Frame::kError: return AgentError(payload);
+      case Frame::kExit: {
+        json j = json::parse(payload, nullptr, false);
+        if (!j.is_object()) return Error(EPROTO, "agent: malformed exit report");
+        ExecResult r;
+        r.exit_code = j.value("exit_code", -1);
+        r.signal = j.value("signal", 0);
+        r.timed_out = j.value("timed_out", false);
+        r.stdout_bytes = j.value("stdout_bytes", uint64_t{0});
+        r.stderr_bytes = j.value("stderr_bytes", uint64_t{0});
+        r.stdout_truncated = j.value("stdout_truncated", false);
+        r.stderr_truncated = j.value("stderr_truncated", false);
+        r.duration_ms = j.value("duration_ms", int64_t{0});
+        return r;
+      }
+      default: return Error(EPROTO, StrCat("agent: unexpected frame ", static_cast<int>(type), " during exec"));
+    }
+  }
+}
+
+Status AgentClient::Put(const std::string& path, std::string_view data, uint32_t mode,
+                        std::optional<std::pair<uint32_t, uint32_t>> owner) {
+  STRATA_ASSIGN_OR_RETURN(int raw, Connect());
+  UniqueFd fd(raw);
+  json req = {{"path", path}, {"mode", mode}};
+  if (owner) {
+    req["uid"] = owner->first;
+    req["gid"] = owner->second;
+  }
+  STRATA_RETURN_IF_ERROR(WriteFrame(fd.get(), Frame::kPut, req.dump()));
+  for (size_t off = 0; off < data.size(); off += kMaxFrame) {
+    STRATA_RETURN_IF_ERROR(WriteFrame(fd.get(), Frame::kData, data.substr(off, kMaxFrame)));
+  }
+  STRATA_RETURN_IF_ERROR(WriteFrame(fd.get(), Frame::kDataEnd, ""));
+  Frame type;
+  std::string payload;
+  STRATA_RETURN_IF_ERROR(ReadFrame(fd.get(), &type, &payload));
+  if (type == Frame::kError) return AgentError(payload);
+  return OkStatus();
+}
+
+Result<std::string> AgentClient::Get(const std::string& path) {
+  STRATA_ASSIGN_OR_RETURN(int raw, Connect());
+  UniqueFd fd(raw);
+  STRATA_RETURN_IF_ERROR(WriteFrame(fd.get(), Frame::kGet, json{{"path", path}}.dump()));
+  Frame type;
+  std::string payload, data;
+  STRATA_RETURN_IF_ERROR(ReadFrame(fd.get(), &type, &payload));
+  if (type == Frame::kError) return AgentError(payload);
+  while (true) {
+    STRATA_RETURN_IF_ERROR(ReadFrame(fd.get(), &type, &payload));
+    if (type == Frame::kDataEnd) return data;
+    if (type == Frame::kError) return AgentError(payload);
+    data += payload;
+  }
+}
+
+Result<json> AgentClient::Ping() {
+  STRATA_ASSIGN_OR_RETURN(int raw, Connect());
+  UniqueFd fd(raw);
+  STRATA_RETURN_IF_ERROR(WriteFrame(fd.get(), Frame::kPing, "{}"));
+  Frame type;
+  std::string payload;
+  STRATA_RETURN_IF_ERROR(ReadFrame(fd.get(), &type, &payload));
+  if (type != Frame::kOk) return AgentError(payload);
+  return json::parse(payload, nullptr, false);
+}
+
+Status AgentClient::Shutdown() {
+  STRATA_ASSIGN_OR_RETURN(int raw, Connect());
+  UniqueFd fd(raw);
+  STRATA_RETURN_IF_ERROR(WriteFrame(fd.get(), Frame::kShutdown, "{}"));
+  Frame type;
+  std::string payload;
+  ReadFrame(fd.get(), &type, &payload).IgnoreError();  // the agent may exit before answering
+  return OkStatus();
+}
+
+}  // namespace strata::launcher

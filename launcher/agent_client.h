@@ -1,0 +1,58 @@
+// The launcher's side of the agent protocol (agent_protocol.h).
+#pragma once
+
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "common/status.h"
+#include "common/units.h"
+#include "launcher/agent_protocol.h"
+
+namespace strata::launcher {
+
+struct ExecRequest {
+  std::vector<std::string> argv;
+  std::vector<std::string> env;  // "K=V"; PATH defaults inside the agent
+  std::string cwd = "/";
+  Duration timeout{0};           // zero: none
+  uint64_t stdout_cap = uint64_t{1} << 20;
+  uint64_t stderr_cap = uint64_t{1} << 20;
+  std::optional<std::string> stdin_data;
+};
+
+struct ExecResult {
+  int exit_code = -1;
+  int signal = 0;
+  bool timed_out = false;
+  uint64_t stdout_bytes = 0, stderr_bytes = 0;
+  bool stdout_truncated = false, stderr_truncated = false;
+  int64_t duration_ms = 0;
+};
+
+// Called with each piece of output as it arrives: 1 = stdout, 2 = stderr.
+using OutputSink = std::function<void(int stream, std::string_view bytes)>;
+
+class AgentClient {
+ public:
+  explicit AgentClient(std::string socket_path) : socket_path_(std::move(socket_path)) {}
+
+  // Waits (inotify, no polling delay) until the agent's socket exists and
+  // answers, or `wait` passes.
+  Status WaitReady(Duration wait);
+  Result<ExecResult> Exec(const ExecRequest& request, const OutputSink& sink);
+  Status Put(const std::string& path, std::string_view data, uint32_t mode, std::optional<std::pair<uint32_t, uint32_t>> owner);
+  Result<std::string> Get(const std::string& path);
+  Result<nlohmann::json> Ping();
+  // Asks the agent to kill everything and exit; the sandbox's init is gone after.
+  Status Shutdown();
+
+ private:
+  Result<int> Connect();
+  std::string socket_path_;
+};
+
+}  // namespace strata::launcher

@@ -1,0 +1,84 @@
+// Agent protocol framing.
+#include "launcher/agent_protocol.h"
+
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "common/strings.h"
+
+namespace strata::launcher {
+
+Status WriteFrame(int fd, Frame type, std::string_view payload) {
+  if (payload.size() > kMaxFrame) return Error(EMSGSIZE, StrCat("agent frame of ", payload.size(), " bytes is too large"));
+  uint8_t header[kFrameHeader];
+  header[0] = static_cast<uint8_t>(type);
+  uint32_t len = static_cast<uint32_t>(payload.size());
+  for (int i = 0; i < 4; ++i) header[1 + i] = static_cast<uint8_t>(len >> (8 * i));
+  iovec iov[2] = {{header, sizeof header}, {const_cast<char*>(payload.data()), payload.size()}};
+  size_t total = sizeof header + payload.size(), done = 0;
+  while (done < total) {
+    msghdr msg{};
+    // Skip what was written already.
+    iovec rest[2];
+    int n = 0;
+    size_t skip = done;
+    for (auto& v : iov) {
+      if (skip >= v.iov_len) {
+        skip -= v.iov_len;
+        continue;
+      }
+      rest[n++] = {static_cast<char*>(v.iov_base) + skip, v.iov_len - skip};
+      skip = 0;
+    }
+    msg.msg_iov = rest;
+    msg.msg_iovlen = static_cast<size_t>(n);
+    ssize_t w = ::sendmsg(fd, &msg, MSG_NOSIGNAL);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      if (errno == ENOTSOCK) w = ::writev(fd, rest, n);  // a pipe or a serial port
+      if (w < 0) return ErrnoError(errno, "send agent frame");
+    }
+    done += static_cast<size_t>(w);
+  }
+  return OkStatus();
+}
+
+namespace {
+Status ReadExactly(int fd, char* buf, size_t n, bool* clean_eof) {
+  size_t done = 0;
+  while (done < n) {
+    ssize_t r = ::read(fd, buf + done, n - done);
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoError(errno, "read agent frame");
+    }
+    if (r == 0) {
+      if (done == 0 && clean_eof) {
+        *clean_eof = true;
+        return Error(ENODATA, "agent connection closed");
+      }
+      return Error(EPIPE, "agent connection closed in the middle of a frame");
+    }
+    done += static_cast<size_t>(r);
+  }
+  return OkStatus();
+}
+}  // namespace
+
+Status ReadFrame(int fd, Frame* type, std::string* payload) {
+  char header[kFrameHeader];
+  bool eof = false;
+  STRATA_RETURN_IF_ERROR(ReadExactly(fd, header, sizeof header, &eof));
+  uint32_t len = 0;
+  for (int i = 0; i < 4; ++i) len |= static_cast<uint32_t>(static_cast<uint8_t>(header[1 + i])) << (8 * i);
+  if (len > kMaxFrame) return Error(EMSGSIZE, StrCat("agent frame of ", len, " bytes is too large"));
+  *type = static_cast<Frame>(static_cast<uint8_t>(header[0]));
+  payload->resize(len);
+  return ReadExactly(fd, payload->data(), len, nullptr);
+}
+
+}  // namespace strata::launcher

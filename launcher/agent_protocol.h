@@ -1,0 +1,51 @@
+// The agent protocol: how the launcher talks to the agent inside a sandbox
+// over a stream (a unix socket for containers, a virtio port for VMs).
+// docs/protocol.md describes it for other implementations.
+//
+// Every message is a frame: a 1-byte type, a 4-byte little-endian payload
+// length, then the payload (at most kMaxFrame bytes). Control payloads are
+// JSON objects; data payloads are raw bytes. One connection carries one
+// request and its answers.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "common/status.h"
+
+namespace strata::launcher {
+
+enum class Frame : uint8_t {
+  // launcher -> agent
+  kExec = 1,      // {"argv": [...], "env": ["K=V"], "cwd": "/", "timeout_ms": 0,
+                  //  "stdout_cap": N, "stderr_cap": N, "stdin": bool}
+  kStdin = 2,     // bytes for the command's stdin (when "stdin" was true)
+  kStdinEof = 3,  // no more stdin
+  kSignal = 4,    // {"signal": 15}: to the running command's process group
+  kPut = 5,       // {"path": "/x", "mode": 420, "uid": 0, "gid": 0}, then kData..., kDataEnd
+  kGet = 6,       // {"path": "/x"}
+  kShutdown = 7,  // stop every process and exit (the sandbox ends)
+  kPing = 8,      // {} -> kOk {"pid": 1, "version": ...}
+  // agent -> launcher
+  kStdout = 16,   // bytes the command wrote, up to the cap
+  kStderr = 17,
+  kExit = 18,     // {"exit_code": 0, "signal": 0, "timed_out": false, "stdout_bytes": N,
+                  //  "stderr_bytes": N, "stdout_truncated": false, "stderr_truncated": false,
+                  //  "duration_ms": N}
+  kError = 19,    // {"error": "message", "errno": 2}
+  kOk = 20,       // {} (put done; ping answer; get: {"size": N, "mode": M} before the data)
+  // both ways
+  kData = 32,     // file bytes
+  kDataEnd = 33,
+};
+
+inline constexpr uint32_t kMaxFrame = 1 << 20;
+inline constexpr size_t kFrameHeader = 5;
+
+// Reads/writes one frame on a blocking descriptor. ReadFrame returns ENODATA
+// at a clean end of stream (before any byte of a frame).
+Status WriteFrame(int fd, Frame type, std::string_view payload);
+Status ReadFrame(int fd, Frame* type, std::string* payload);
+
+}  // namespace strata::launcher

@@ -1,0 +1,216 @@
+// launcher doctor: FUSE, overlayfs, EROFS (file-backed, idmapped), crun and
+// cgroups, seccomp, user namespaces, the uppers filesystem.
+#include "launcher/doctor.h"
+
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <sys/statfs.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "common/fs.h"
+#include "common/idmap.h"
+#include "common/mount.h"
+#include "common/strings.h"
+#include "common/subprocess.h"
+#include "launcher/upper_store.h"
+#include "layerctl/builder.h"
+
+namespace strata::launcher {
+namespace {
+
+bool FilesystemKnown(const std::string& fs) {
+  std::ifstream in("/proc/filesystems");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.substr(line.find('\t') + 1) == fs) return true;
+  }
+  return false;
+}
+
+bool ModprobeOk(const std::string& module) {
+  auto r = RunCommand({.argv = {"modprobe", module}});
+  return r.ok() && r->success();
+}
+
+std::vector<std::string> Words(const std::string& path) {
+  std::ifstream in(path);
+  std::vector<std::string> out;
+  std::string w;
+  while (in >> w) out.push_back(w);
+  return out;
+}
+
+DoctorCheck CheckFilesystem(const std::string& fs, bool fix) {
+  DoctorCheck c{fs, FilesystemKnown(fs), false, ""};
+  if (!c.ok && fix && ModprobeOk(fs)) c.ok = c.fixed = FilesystemKnown(fs);
+  c.detail = c.ok ? "the kernel knows " + fs : StrCat("the kernel has no ", fs, ": load it with `modprobe ", fs, "`");
+  return c;
+}
+
+// Builds a two-file layer, mounts it file-backed, idmaps it, and stacks an
+// overlay on it: the whole mount path a sandbox uses.
+std::vector<DoctorCheck> CheckMounts(const NodeConfig& node) {
+  std::vector<DoctorCheck> out;
+  auto tmp = TempDir::Create("strata-doctor");
+  if (!tmp.ok()) return {{"mounts", false, false, tmp.status().ToString()}};
+  Status s = MakeDirs(tmp->Sub("src/dir"));
+  if (s.ok()) s = WriteFileAtomic(tmp->Sub("src/dir/file"), "strata\n");
+  auto layer = s.ok() ? layerctl::BuildLayer({.source = tmp->Sub("src"), .output_dir = tmp->Sub("layer")})
+                      : Result<layerctl::BuiltLayer>(s);
+  if (!layer.ok()) return {{"erofs file-backed mount", false, false, "build a test layer: " + layer.status().ToString()}};
+  s = MakeDirs(tmp->Sub("erofs"));
+  auto erofs = s.ok() ? MountPoint::Mount(tmp->Sub("layer/meta.img"), tmp->Sub("erofs"), "erofs", MS_RDONLY,
+                                          "device=" + tmp->Sub("layer/blob.img"))
+                      : Result<MountPoint>(s);
+  if (!erofs.ok()) {
+    return {{"erofs file-backed mount", false, false,
+             erofs.status().ToString() + " (needs Linux 6.12+ with CONFIG_EROFS_FS_BACKED_BY_FILE)"}};
+  }
+  auto content = ReadFileToString(tmp->Sub("erofs/dir/file"));
+  out.push_back({"erofs file-backed mount", content.ok() && *content == "strata\n", false,
+                 content.ok() ? "mount(2) with device=<blob> works" : content.status().ToString()});
+
+  auto ns = CreateUserNamespace(node.idmap);
+  if (!ns.ok()) {
+    out.push_back({"user namespaces", false, false, ns.status().ToString() + " (check /proc/sys/user/max_user_namespaces)"});
+    return out;
+  }
+  out.push_back({"user namespaces", true, false, "a namespace for " + node.idmap.ToString() + " was created"});
+  auto idmapped = IdmappedMount(tmp->Sub("erofs"), tmp->Sub("idmapped"), ns->get());
+  struct stat st{};
+  bool mapped = idmapped.ok() && ::stat(tmp->Sub("idmapped/dir/file").c_str(), &st) == 0 && st.st_uid == node.idmap.host;
+  out.push_back({"idmapped erofs mount", mapped, false,
+                 mapped ? StrCat("root's files appear as ", node.idmap.host)
+                        : (idmapped.ok() ? "the idmapped mount did not map ids" : idmapped.status().ToString())});
+  if (!mapped) return out;
+  s = MakeDirs(tmp->Sub("upper"));
+  if (s.ok()) s = MakeDirs(tmp->Sub("work"));
+  if (s.ok()) s = MakeDirs(tmp->Sub("merged"));
+  auto overlay = s.ok() ? MountPoint::Mount("overlay", tmp->Sub("merged"), "overlay", 0,
+                                            StrCat("lowerdir=", tmp->Sub("idmapped"), ",upperdir=", tmp->Sub("upper"),
+                                                   ",workdir=", tmp->Sub("work"), ",redirect_dir=off,metacopy=off,index=off"))
+                        : Result<MountPoint>(s);
+  bool overlay_ok = overlay.ok() && WriteFileAtomic(tmp->Sub("merged/dir/new"), "x", false).ok();
+  out.push_back({"overlayfs over idmapped layers", overlay_ok, false,
+                 overlay_ok ? "copy-up works" : (overlay.ok() ? "writing through the overlay failed" : overlay.status().ToString())});
+  return out;
+}
+
+DoctorCheck CheckRuntime(const NodeConfig& node) {
+  auto r = RunCommand({.argv = {node.runtime, "--version"}});
+  if (!r.ok() || !r->success()) {
+    return {"runtime", false, false, StrCat(node.runtime, " does not run: install it (apt-get install crun) or set STRATA_RUNTIME")};
+  }
+  std::string first = r->out.substr(0, r->out.find('\n'));
+  return {"runtime", true, false, first};
+}
+
+// crun refuses hybrid hierarchies while cgroup2 holds any controller ("drop
+// all controllers from cgroupv2"); binding each such controller to its own
+// v1 hierarchy moves it out of cgroup2.
+DoctorCheck CheckCgroups(bool fix) {
+  DoctorCheck c{"cgroups", true, false, ""};
+  const bool unified_only = ::access("/sys/fs/cgroup/cgroup.controllers", F_OK) == 0;
+  if (unified_only) {
+    c.detail = "cgroup v2 (unified)";
+    return c;
+  }
+  for (const char* needed : {"memory", "cpu", "pids", "freezer"}) {
+    if (::access(StrCat("/sys/fs/cgroup/", needed).c_str(), F_OK) != 0) {
+      c.ok = false;
+      c.detail = StrCat("cgroup v1 controller ", needed, " is not mounted at /sys/fs/cgroup/", needed);
+      return c;
+    }
+  }
+  auto in_v2 = Words("/sys/fs/cgroup/unified/cgroup.controllers");
+  if (in_v2.empty()) {
+    c.detail = "hybrid: v1 controllers, cgroup2 without controllers";
+    return c;
+  }
+  if (!fix) {
+    c.ok = false;
+    c.detail = StrCat("hybrid cgroups with [", Join(in_v2, " "), "] in cgroup2: crun refuses this; `launcher doctor --fix` binds ",
+                      in_v2.size() == 1 ? "it" : "them", " to v1 (mount -t cgroup -o ", in_v2[0], " cgroup /sys/fs/cgroup/", in_v2[0], ")");
+    return c;
+  }
+  for (const auto& controller : in_v2) {
+    std::string dir = "/sys/fs/cgroup/" + controller;
+    if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
+      c.ok = false;
+      c.detail = ErrnoError(errno, "mkdir " + dir).ToString();
+      return c;
+    }
+    if (::mount("cgroup", dir.c_str(), "cgroup", 0, controller.c_str()) != 0) {
+      c.ok = false;
+      c.detail = ErrnoError(errno, StrCat("mount cgroup v1 ", controller, " at ", dir)).ToString();
+      return c;
+    }
+  }
+  c.fixed = true;
+  c.detail = StrCat("bound [", Join(in_v2, " "), "] to cgroup v1 so crun accepts the hybrid layout");
+  return c;
+}
+
+DoctorCheck CheckSeccomp() {
+  auto actions = ReadFileToString("/proc/sys/kernel/seccomp/actions_avail");
+  bool ok = actions.ok() && actions->find("errno") != std::string::npos;
+  return {"seccomp", ok, false, ok ? "filters available" : "the kernel has no seccomp filters (CONFIG_SECCOMP_FILTER)"};
+}
+
+DoctorCheck CheckUppers(const NodeConfig& node, const DoctorOptions& options) {
+  DoctorCheck c{"sandbox uppers", false, false, ""};
+  Status s = CheckUpperFilesystem(node.uppers);
+  if (s.ok()) {
+    c.ok = true;
+    struct statfs fs;
+    uint64_t free = ::statfs(node.uppers.c_str(), &fs) == 0 ? static_cast<uint64_t>(fs.f_bavail) * fs.f_bsize : 0;
+    c.detail = StrCat(node.uppers, " is btrfs with quotas (", FormatBytes(free), " free)");
+    return c;
+  }
+  if (!options.fix) {
+    c.detail = s.ToString();
+    return c;
+  }
+  // A loop-file btrfs beside the directory; reused when it exists.
+  const std::string image = node.uppers + ".img";
+  Status fix = MakeDirs(node.uppers, 0711);
+  if (fix.ok() && ::access(image.c_str(), F_OK) != 0) {
+    auto created = RunChecked({.argv = {"truncate", "-s", std::to_string(options.uppers_size), image}}, "create " + image);
+    if (created.ok()) created = RunChecked({.argv = {"mkfs.btrfs", "-q", image}}, "mkfs.btrfs " + image);
+    fix = created.status();
+  }
+  if (fix.ok() && !IsMountPoint(node.uppers)) {
+    fix = RunChecked({.argv = {"mount", "-o", "loop", image, node.uppers}}, "mount " + image).status();
+  }
+  if (fix.ok() && CheckUpperFilesystem(node.uppers).code() == ENOTCONN) fix = EnableQuotas(node.uppers);
+  if (fix.ok()) fix = CheckUpperFilesystem(node.uppers);
+  c.ok = c.fixed = fix.ok();
+  c.detail = fix.ok() ? StrCat("created a btrfs with quotas at ", node.uppers, " on ", image, " (", FormatBytes(options.uppers_size), ", sparse)")
+                      : fix.ToString();
+  return c;
+}
+
+}  // namespace
+
+std::vector<DoctorCheck> RunDoctor(const NodeConfig& node, const DoctorOptions& options) {
+  std::vector<DoctorCheck> checks;
+  checks.push_back({"root", ::geteuid() == 0, false, ::geteuid() == 0 ? "running as root" : "sandboxes need root"});
+  bool fuse = ::access("/dev/fuse", R_OK | W_OK) == 0;
+  if (!fuse && options.fix) fuse = ModprobeOk("fuse") && ::access("/dev/fuse", R_OK | W_OK) == 0;
+  checks.push_back({"fuse", fuse, false, fuse ? "/dev/fuse is there" : "no /dev/fuse: `modprobe fuse`"});
+  checks.push_back(CheckFilesystem("overlay", options.fix));
+  checks.push_back(CheckFilesystem("erofs", options.fix));
+  for (auto& c : CheckMounts(node)) checks.push_back(std::move(c));
+  checks.push_back(CheckRuntime(node));
+  checks.push_back(CheckCgroups(options.fix));
+  checks.push_back(CheckSeccomp());
+  checks.push_back(CheckUppers(node, options));
+  bool agent = !node.agent_binary.empty() && ::access(node.agent_binary.c_str(), X_OK) == 0;
+  checks.push_back({"agent", agent, false, agent ? node.agent_binary : "strata-agent not found (set STRATA_AGENT)"});
+  return checks;
+}
+
+}  // namespace strata::launcher

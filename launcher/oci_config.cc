@@ -1,0 +1,159 @@
+// OCI config.json for container sandboxes.
+#include "launcher/oci_config.h"
+
+#include <cmath>
+
+namespace strata::launcher {
+
+using nlohmann::json;
+
+namespace {
+
+// System calls allowed by default, following the widely used container
+// default profile; anything else fails with EPERM.
+const char* const kAllowedSyscalls[] = {
+    "accept", "accept4", "access", "adjtimex", "alarm", "arch_prctl", "bind", "brk", "cachestat", "capget", "capset",
+    "chdir", "chmod", "chown", "chown32", "clock_adjtime", "clock_adjtime64", "clock_getres", "clock_getres_time64",
+    "clock_gettime", "clock_gettime64", "clock_nanosleep", "clock_nanosleep_time64", "close", "close_range", "connect",
+    "copy_file_range", "creat", "dup", "dup2", "dup3", "epoll_create", "epoll_create1", "epoll_ctl", "epoll_ctl_old",
+    "epoll_pwait", "epoll_pwait2", "epoll_wait", "epoll_wait_old", "eventfd", "eventfd2", "execve", "execveat", "exit",
+    "exit_group", "faccessat", "faccessat2", "fadvise64", "fadvise64_64", "fallocate", "fanotify_mark", "fchdir",
+    "fchmod", "fchmodat", "fchmodat2", "fchown", "fchown32", "fchownat", "fcntl", "fcntl64", "fdatasync", "fgetxattr",
+    "flistxattr", "flock", "fork", "fremovexattr", "fsetxattr", "fstat", "fstat64", "fstatat64", "fstatfs", "fstatfs64",
+    "fsync", "ftruncate", "ftruncate64", "futex", "futex_requeue", "futex_time64", "futex_wait", "futex_waitv",
+    "futex_wake", "futimesat", "getcpu", "getcwd", "getdents", "getdents64", "getegid", "getegid32", "geteuid",
+    "geteuid32", "getgid", "getgid32", "getgroups", "getgroups32", "getitimer", "getpeername", "getpgid", "getpgrp",
+    "getpid", "getppid", "getpriority", "getrandom", "getresgid", "getresgid32", "getresuid", "getresuid32",
+    "getrlimit", "get_robust_list", "getrusage", "getsid", "getsockname", "getsockopt", "get_thread_area", "gettid",
+    "gettimeofday", "getuid", "getuid32", "getxattr", "inotify_add_watch", "inotify_init", "inotify_init1",
+    "inotify_rm_watch", "io_cancel", "ioctl", "io_destroy", "io_getevents", "io_pgetevents", "io_pgetevents_time64",
+    "ioprio_get", "ioprio_set", "io_setup", "io_submit", "ipc", "kill", "landlock_add_rule", "landlock_create_ruleset",
+    "landlock_restrict_self", "lchown", "lchown32", "lgetxattr", "link", "linkat", "listen", "listxattr", "llistxattr",
+    "_llseek", "lremovexattr", "lseek", "lsetxattr", "lstat", "lstat64", "madvise", "map_shadow_stack", "membarrier",
+    "memfd_create", "memfd_secret", "mincore", "mkdir", "mkdirat", "mknod", "mknodat", "mlock", "mlock2", "mlockall",
+    "mmap", "mmap2", "mprotect", "mq_getsetattr", "mq_notify", "mq_open", "mq_timedreceive",
+    "mq_timedreceive_time64", "mq_timedsend", "mq_timedsend_time64", "mq_unlink", "mremap", "msgctl", "msgget",
+    "msgrcv", "msgsnd", "msync", "munlock", "munlockall", "munmap", "name_to_handle_at", "nanosleep", "newfstatat",
+    "_newselect", "open", "openat", "openat2", "pause", "pidfd_getfd", "pidfd_open", "pidfd_send_signal", "pipe",
+    "pipe2", "pkey_alloc", "pkey_free", "pkey_mprotect", "poll", "ppoll", "ppoll_time64", "prctl", "pread64", "preadv",
+    "preadv2", "prlimit64", "process_mrelease", "pselect6", "pselect6_time64", "pwrite64", "pwritev", "pwritev2",
+    "read", "readahead", "readlink", "readlinkat", "readv", "recv", "recvfrom", "recvmmsg", "recvmmsg_time64",
+    "recvmsg", "remap_file_pages", "removexattr", "rename", "renameat", "renameat2", "restart_syscall", "rmdir",
+    "rseq", "rt_sigaction", "rt_sigpending", "rt_sigprocmask", "rt_sigqueueinfo", "rt_sigreturn", "rt_sigsuspend",
+    "rt_sigtimedwait", "rt_sigtimedwait_time64", "rt_tgsigqueueinfo", "sched_getaffinity", "sched_getattr",
+    "sched_getparam", "sched_get_priority_max", "sched_get_priority_min", "sched_getscheduler", "sched_rr_get_interval",
+    "sched_rr_get_interval_time64", "sched_setaffinity", "sched_setattr", "sched_setparam", "sched_setscheduler",
+    "sched_yield", "seccomp", "select", "semctl", "semget", "semop", "semtimedop", "semtimedop_time64", "send",
+    "sendfile", "sendfile64", "sendmmsg", "sendmsg", "sendto", "setfsgid", "setfsgid32", "setfsuid", "setfsuid32",
+    "setgid", "setgid32", "setgroups", "setgroups32", "setitimer", "setpgid", "setpriority", "setregid", "setregid32",
+    "setresgid", "setresgid32", "setresuid", "setresuid32", "setreuid", "setreuid32", "setrlimit", "set_robust_list",
+    "setsid", "setsockopt", "set_thread_area", "set_tid_address", "setuid", "setuid32", "setxattr", "shmat", "shmctl",
+    "shmdt", "shmget", "shutdown", "sigaltstack", "signalfd", "signalfd4", "sigprocmask", "sigreturn", "socket",
+    "socketcall", "socketpair", "splice", "stat", "stat64", "statfs", "statfs64", "statx", "symlink", "symlinkat",
+    "sync", "sync_file_range", "syncfs", "sysinfo", "tee", "tgkill", "time", "timer_create", "timer_delete",
+    "timer_getoverrun", "timer_gettime", "timer_gettime64", "timer_settime", "timer_settime64", "timerfd_create",
+    "timerfd_gettime", "timerfd_gettime64", "timerfd_settime", "timerfd_settime64", "times", "tkill", "truncate",
+    "truncate64", "ugetrlimit", "umask", "uname", "unlink", "unlinkat", "utime", "utimensat", "utimensat_time64",
+    "utimes", "vfork", "vmsplice", "wait4", "waitid", "waitpid", "write", "writev", "chroot", "ptrace",
+    "personality", "process_vm_readv", "process_vm_writev",
+};
+
+// CLONE_NEWNS | CLONE_NEWCGROUP | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWUSER |
+// CLONE_NEWPID | CLONE_NEWNET: clone may not make namespaces.
+constexpr uint64_t kNamespaceFlags = 0x7E020000;
+
+}  // namespace
+
+json DefaultSeccompProfile() {
+  json names = json::array();
+  for (const char* n : kAllowedSyscalls) names.push_back(n);
+  return {
+      {"defaultAction", "SCMP_ACT_ERRNO"},
+      {"defaultErrnoRet", 1},  // EPERM
+      {"architectures", {"SCMP_ARCH_X86_64", "SCMP_ARCH_X86", "SCMP_ARCH_X32"}},
+      {"syscalls",
+       {
+           {{"names", names}, {"action", "SCMP_ACT_ALLOW"}},
+           {{"names", {"clone"}},
+            {"action", "SCMP_ACT_ALLOW"},
+            {"args", {{{"index", 0}, {"value", kNamespaceFlags}, {"valueTwo", 0}, {"op", "SCMP_CMP_MASKED_EQ"}}}}},
+           {{"names", {"clone3"}}, {"action", "SCMP_ACT_ERRNO"}, {"errnoRet", 38}},  // ENOSYS: use clone
+       }},
+  };
+}
+
+json OciConfig(const ContainerConfig& c) {
+  // Capabilities of the usual container default: enough for package
+  // managers and servers, none that reach the host.
+  const json caps = {"CAP_CHOWN",   "CAP_DAC_OVERRIDE", "CAP_FSETID",     "CAP_FOWNER",     "CAP_MKNOD",
+                     "CAP_NET_RAW", "CAP_SETGID",       "CAP_SETUID",     "CAP_SETFCAP",    "CAP_SETPCAP",
+                     "CAP_NET_BIND_SERVICE", "CAP_SYS_CHROOT", "CAP_KILL", "CAP_AUDIT_WRITE"};
+  json namespaces = json::array({{{"type", "pid"}}, {{"type", "ipc"}}, {{"type", "uts"}}, {{"type", "mount"}},
+                                 {{"type", "cgroup"}}, {{"type", "user"}}});
+  if (!c.host_network) namespaces.push_back({{"type", "network"}});
+
+  json mounts = json::array({
+      {{"destination", "/proc"}, {"type", "proc"}, {"source", "proc"}, {"options", {"nosuid", "noexec", "nodev"}}},
+      {{"destination", "/dev"}, {"type", "tmpfs"}, {"source", "tmpfs"},
+       {"options", {"nosuid", "strictatime", "mode=755", "size=65536k"}}},
+      {{"destination", "/dev/pts"}, {"type", "devpts"}, {"source", "devpts"},
+       {"options", {"nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620", "gid=5"}}},
+      {{"destination", "/dev/shm"}, {"type", "tmpfs"}, {"source", "shm"},
+       {"options", {"nosuid", "noexec", "nodev", "mode=1777", "size=65536k"}}},
+      {{"destination", "/dev/mqueue"}, {"type", "mqueue"}, {"source", "mqueue"}, {"options", {"nosuid", "noexec", "nodev"}}},
+      {{"destination", kAgentPath}, {"type", "bind"}, {"source", c.agent_binary}, {"options", {"bind", "ro", "nosuid", "nodev"}}},
+      {{"destination", kAgentSocketDir}, {"type", "bind"}, {"source", c.agent_socket_dir}, {"options", {"bind", "nosuid", "nodev", "noexec"}}},
+  });
+  // sysfs needs a network namespace of our own inside a user namespace;
+  // with the host's network, bind the host's read-only instead.
+  if (c.host_network) {
+    mounts.push_back({{"destination", "/sys"}, {"type", "bind"}, {"source", "/sys"}, {"options", {"rbind", "ro", "nosuid", "noexec", "nodev"}}});
+  } else {
+    mounts.push_back({{"destination", "/sys"}, {"type", "sysfs"}, {"source", "sysfs"}, {"options", {"nosuid", "noexec", "nodev", "ro"}}});
+  }
+
+  json resources = json::object();
+  if (c.limits.memory) {
+    resources["memory"] = {{"limit", c.limits.memory}, {"swap", c.limits.memory}};
+  }
+  if (c.limits.cpus > 0) {
+    const int64_t period = 100000;
+    resources["cpu"] = {{"quota", static_cast<int64_t>(std::llround(c.limits.cpus * period))},
+                        {"period", period},
+                        {"shares", static_cast<uint64_t>(std::max(2.0, std::round(c.limits.cpus * 1024)))}};
+  }
+  if (c.limits.pids > 0) resources["pids"] = {{"limit", c.limits.pids}};
+
+  const json id_map = json::array({{{"containerID", c.idmap.container}, {"hostID", c.idmap.host}, {"size", c.idmap.size}}});
+  return {
+      {"ociVersion", "1.0.2"},
+      {"process",
+       {
+           {"terminal", false},
+           {"user", {{"uid", 0}, {"gid", 0}}},
+           {"args", {kAgentPath, "--socket", std::string(kAgentSocketDir) + "/" + kAgentSocketName}},
+           {"env", c.env},
+           {"cwd", "/"},
+           {"capabilities", {{"bounding", caps}, {"effective", caps}, {"permitted", caps}}},
+           {"noNewPrivileges", true},
+       }},
+      {"root", {{"path", c.rootfs}, {"readonly", false}}},
+      {"hostname", c.hostname},
+      {"mounts", mounts},
+      {"linux",
+       {
+           {"uidMappings", id_map},
+           {"gidMappings", id_map},
+           {"namespaces", namespaces},
+           {"cgroupsPath", c.cgroup_path},
+           {"resources", resources},
+           {"seccomp", DefaultSeccompProfile()},
+           {"maskedPaths",
+            {"/proc/acpi", "/proc/asound", "/proc/kcore", "/proc/keys", "/proc/latency_stats", "/proc/timer_list",
+             "/proc/timer_stats", "/proc/sched_debug", "/proc/scsi", "/sys/firmware", "/sys/devices/virtual/powercap"}},
+           {"readonlyPaths", {"/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"}},
+       }},
+  };
+}
+
+}  // namespace strata::launcher

@@ -1,0 +1,46 @@
+// The OCI runtime bundle for a container sandbox: namespaces, id mapping,
+// cgroup limits, a default seccomp profile, dropped capabilities, masked
+// kernel paths, and the agent as the container's init.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "common/idmap.h"
+
+namespace strata::launcher {
+
+struct ContainerLimits {
+  double cpus = 0;          // CPU quota in cores; 0: none. Shares follow it (oversold CPU)
+  uint64_t memory = 0;      // bytes; 0: none (swap is never allowed beyond it)
+  int64_t pids = 0;         // 0: none
+};
+
+struct ContainerConfig {
+  std::string id;
+  std::string rootfs;                 // the composed overlay
+  std::string hostname;
+  IdMapping idmap;
+  ContainerLimits limits;
+  bool host_network = false;          // else a new network namespace with loopback only
+  std::string cgroup_path;            // "/strata/<id>"
+  std::string agent_binary;           // host path, bind-mounted read-only at kAgentPath
+  std::string agent_socket_dir;       // host dir, bind-mounted at kAgentSocketDir
+  std::vector<std::string> env;       // the agent's (and its commands' default) environment
+};
+
+inline constexpr const char* kAgentPath = "/.strata/agent";
+inline constexpr const char* kAgentSocketDir = "/.strata/run";
+inline constexpr const char* kAgentSocketName = "agent.sock";
+
+nlohmann::json OciConfig(const ContainerConfig& config);
+
+// A default seccomp profile in OCI form: an allowlist of the system calls
+// ordinary programs use (like the Docker/Podman default), with clone limited
+// to non-namespace flags and clone3 answering ENOSYS so libc falls back.
+nlohmann::json DefaultSeccompProfile();
+
+}  // namespace strata::launcher

@@ -1,0 +1,327 @@
+// Sandbox: compose, start, run, tear down.
+#include "launcher/sandbox.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <random>
+#include <thread>
+
+#include "common/fs.h"
+#include "common/log.h"
+#include "common/strings.h"
+#include "lazyfs/client.h"
+
+namespace strata::launcher {
+
+using nlohmann::json;
+
+namespace {
+
+std::string NewId() {
+  std::random_device rd;
+  std::mt19937_64 rng((static_cast<uint64_t>(rd()) << 32) ^ rd() ^ static_cast<uint64_t>(::getpid()));
+  char buf[16];
+  std::snprintf(buf, sizeof buf, "%012llx", static_cast<unsigned long long>(rng() & 0xffffffffffffULL));
+  return std::string("sb-") + buf;
+}
+
+std::string SelfDir() {
+  char buf[4096];
+  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
+  if (n <= 0) return ".";
+  buf[n] = '\0';
+  return Dirname(buf);
+}
+
+bool Alive(pid_t pid) { return pid > 0 && (::kill(pid, 0) == 0 || errno == EPERM); }
+
+// The runtime works on the rootfs as the sandbox's mapped root, which must
+// be able to reach it: every directory above needs search permission.
+Status CheckTraversable(const std::string& dir, uid_t uid) {
+  for (std::string p = dir; p != "/" && p != "."; p = Dirname(p)) {
+    struct stat st;
+    if (::stat(p.c_str(), &st) != 0) return ErrnoError(errno, "stat " + p);
+    bool ok = (st.st_uid == uid && (st.st_mode & S_IXUSR)) || (st.st_mode & S_IXOTH);
+    if (!ok) {
+      return Error(EACCES, StrCat("sandbox directory ", dir, ": the sandbox's root (host uid ", uid, ") cannot enter ", p,
+                                  "; allow it with `chmod o+x ", p, "`"));
+    }
+  }
+  return OkStatus();
+}
+
+const char* const kControllers[] = {"memory", "cpu", "cpuacct", "cpuset", "pids", "devices", "freezer", "blkio",
+                                    "hugetlb", "systemd", "unified", "net_cls", "net_prio", "perf_event", "rdma", "misc"};
+
+// Removes the sandbox's cgroups in every hierarchy (the runtime normally has).
+void RemoveCgroups(const std::string& relative) {
+  for (const char* c : kControllers) {
+    std::string dir = StrCat("/sys/fs/cgroup/", c, "/", relative);
+    if (::access(dir.c_str(), F_OK) != 0) continue;
+    // Anything still inside is a leftover of this sandbox: kill it first.
+    std::ifstream procs(dir + "/cgroup.procs");
+    pid_t pid;
+    while (procs >> pid) ::kill(pid, SIGKILL);
+    for (int i = 0; i < 100 && ::rmdir(dir.c_str()) != 0 && errno == EBUSY; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  }
+  if (::access("/sys/fs/cgroup/cgroup.controllers", F_OK) == 0) {  // pure v2 hosts
+    ::rmdir(("/sys/fs/cgroup/" + relative).c_str());
+  }
+}
+
+Status ReleaseLayers(lazyfs::Client& client, const std::string& holder, const std::vector<Digest128>& digests) {
+  Status first;
+  for (const auto& d : digests) {
+    auto r = client.Call("POST", "/v1/release", {{"digest", d.Hex()}, {"holder", holder}});
+    if (!r.ok() && r.status().code() != ENOENT && first.ok()) first = r.status().Annotate("release layer " + d.Hex());
+  }
+  return first;
+}
+
+}  // namespace
+
+NodeConfig NodeConfig::FromEnvironment() {
+  NodeConfig n;
+  auto env = [](const char* name) -> std::string {
+    const char* v = std::getenv(name);
+    return v && *v ? v : "";
+  };
+  if (auto v = env("STRATA_RUN_DIR"); !v.empty()) n.run_dir = v;
+  if (auto v = env("STRATA_UPPERS"); !v.empty()) n.uppers = v;
+  if (auto v = env("STRATA_LAZYFS_SOCKET"); !v.empty()) n.lazyfs_socket = v;
+  if (auto v = env("STRATA_CACHE"); !v.empty()) n.cache_dir = v;
+  if (auto v = env("STRATA_RUNTIME"); !v.empty()) n.runtime = v;
+  if (auto v = env("STRATA_AGENT"); !v.empty()) n.agent_binary = v;
+  if (auto v = env("STRATA_IDMAP"); !v.empty()) {
+    auto m = IdMapping::Parse(v);
+    if (m.ok()) n.idmap = *m;
+  }
+  if (n.agent_binary.empty()) {
+    for (const std::string& candidate : {SelfDir() + "/strata-agent", std::string("/usr/local/lib/strata/strata-agent")}) {
+      if (::access(candidate.c_str(), X_OK) == 0) {
+        n.agent_binary = candidate;
+        break;
+      }
+    }
+  }
+  return n;
+}
+
+Result<std::unique_ptr<Sandbox>> Sandbox::Create(const SandboxSpec& spec, const NodeConfig& node) {
+  std::unique_ptr<Sandbox> sb(new Sandbox());
+  sb->node_ = node;
+  sb->spec_ = spec;
+  sb->id_ = NewId();
+  Status s = sb->Start(spec);
+  if (!s.ok()) {
+    Status cleanup = sb->Destroy();
+    if (!cleanup.ok()) STRATA_LOG(kWarn) << "clean up after a failed start: " << cleanup.ToString();
+    return s.Annotate("create sandbox " + sb->id_);
+  }
+  return sb;
+}
+
+Status Sandbox::Start(const SandboxSpec& spec) {
+  if (node_.agent_binary.empty()) {
+    return Error(ENOENT, "find strata-agent: not beside the launcher nor in /usr/local/lib/strata (set STRATA_AGENT)");
+  }
+  dir_ = JoinPath(node_.run_dir, id_);
+  rootfs_ = dir_ + "/rootfs";
+  STRATA_RETURN_IF_ERROR(MakeDirs(dir_ + "/agent", 0711));
+  STRATA_RETURN_IF_ERROR(CheckTraversable(dir_, static_cast<uid_t>(node_.idmap.ToHost(0))));
+  // Who owns the sandbox: a sweep removes it once this process is gone.
+  json state = {{"id", id_}, {"pid", ::getpid()}, {"uppers", node_.uppers}, {"lazyfs_socket", node_.lazyfs_socket},
+                {"runtime", node_.runtime}, {"cgroup", node_.cgroup_parent + "/" + id_}};
+  STRATA_RETURN_IF_ERROR(WriteFileAtomic(dir_ + "/state.json", state.dump(), false));
+
+  // 1. The layer stack, resolved once.
+  STRATA_ASSIGN_OR_RETURN(auto store, cache::OpenStore(cache::DefaultStoreUrl(spec.store)));
+  cache::Catalog catalog(store);
+  STRATA_ASSIGN_OR_RETURN(stack_, catalog.ResolveStack(spec.layers));
+
+  // 2. Each layer mounted once per node by lazyfs, idmapped for the node's range.
+  STRATA_RETURN_IF_ERROR(lazyfs::EnsureDaemon({node_.lazyfs_socket, node_.cache_dir, ""}));
+  lazyfs::Client lazyfs(node_.lazyfs_socket);
+  std::vector<std::string> lowers;  // top first, as overlayfs wants them
+  for (const auto& layer : stack_) {
+    auto r = lazyfs.Call("POST", "/v1/acquire",
+                         {{"ref", layer.digest.Hex()}, {"store", store->url()}, {"holder", id_}, {"idmap", node_.idmap.ToString()}});
+    if (!r.ok()) return r.status().Annotate("mount layer " + layer.digest.Hex());
+    held_.push_back(layer.digest);
+    state["layers"].push_back(layer.digest.Hex());
+    lowers.insert(lowers.begin(), (*r)["path"].get<std::string>());
+  }
+  STRATA_RETURN_IF_ERROR(WriteFileAtomic(dir_ + "/state.json", state.dump(), false));
+
+  // 3. Writable space: a btrfs subvolume capped at --disk.
+  STRATA_ASSIGN_OR_RETURN(UpperStore uppers, UpperStore::Open(node_.uppers));
+  const uid_t root_uid = static_cast<uid_t>(node_.idmap.ToHost(0));
+  STRATA_ASSIGN_OR_RETURN(UpperVolume volume, uppers.Create(id_, spec.disk, root_uid, root_uid));
+  upper_.emplace(std::move(volume));
+
+  // 4. The overlay, on the host, so the layers' overlay whiteouts and opaque
+  //    markers work; directories are copied up whole (no redirects, no
+  //    metacopy), which keeps every upper self-contained for packdiff.
+  STRATA_RETURN_IF_ERROR(MakeDirs(rootfs_, 0755));
+  std::string options = StrCat("lowerdir=", Join(lowers, ":"), ",upperdir=", upper_->upper(), ",workdir=", upper_->work(),
+                               ",redirect_dir=off,metacopy=off,index=off");
+  STRATA_ASSIGN_OR_RETURN(overlay_, MountPoint::Mount("overlay", rootfs_, "overlay", 0, options));
+
+  // 5. The bundle: the agent is init; its socket lives in dir/agent.
+  if (::chown((dir_ + "/agent").c_str(), root_uid, root_uid) != 0) return ErrnoError(errno, "chown " + dir_ + "/agent");
+  ContainerConfig config;
+  config.id = id_;
+  config.rootfs = rootfs_;
+  config.hostname = id_;
+  config.idmap = node_.idmap;
+  config.limits = spec.limits;
+  config.host_network = spec.host_network;
+  config.cgroup_path = "/" + node_.cgroup_parent + "/" + id_;
+  config.agent_binary = node_.agent_binary;
+  config.agent_socket_dir = dir_ + "/agent";
+  config.env = {"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root"};
+  STRATA_RETURN_IF_ERROR(WriteFileAtomic(dir_ + "/config.json", OciConfig(config).dump(), false));
+
+  // 6. The runtime, in the foreground of its own process: when the agent
+  //    exits, `run` deletes the container and its cgroups itself.
+  STRATA_ASSIGN_OR_RETURN(Subprocess runtime,
+                          Subprocess::Start({.argv = {node_.runtime, "run", "--bundle", dir_, id_},
+                                             .stdout_mode = StdStream::kNull,
+                                             .stderr_mode = StdStream::kFile,
+                                             .stderr_file = dir_ + "/runtime.log"}));
+  runtime_.emplace(std::move(runtime));
+  agent_ = std::make_unique<AgentClient>(dir_ + "/agent/" + kAgentSocketName);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (true) {
+    Status ready = agent_->WaitReady(std::chrono::milliseconds(100));
+    if (ready.ok()) break;
+    if (!runtime_->Running()) {
+      auto log = ReadFileToString(dir_ + "/runtime.log");
+      std::string text = log.ok() ? *log : "";
+      while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.pop_back();
+      return Error(EIO, StrCat(node_.runtime, " exited before the agent started", text.empty() ? "" : ": " + text));
+    }
+    if (std::chrono::steady_clock::now() >= deadline) return ready;
+  }
+  return OkStatus();
+}
+
+Result<ExecResult> Sandbox::Exec(ExecRequest request, const OutputSink& sink) {
+  if (request.env.empty()) request.env = spec_.env;
+  if (request.cwd.empty() || request.cwd == "/") request.cwd = spec_.workdir.empty() ? "/" : spec_.workdir;
+  return agent_->Exec(request, sink);
+}
+
+std::string Sandbox::CgroupDir(const std::string& controller) const {
+  return StrCat("/sys/fs/cgroup/", controller, "/", node_.cgroup_parent, "/", id_);
+}
+
+bool Sandbox::OomKilled() const {
+  for (const auto& [file, key] : {std::pair{CgroupDir("memory") + "/memory.oom_control", "oom_kill"},
+                                  std::pair{StrCat("/sys/fs/cgroup/", node_.cgroup_parent, "/", id_, "/memory.events"), "oom_kill"}}) {
+    std::ifstream in(file);
+    std::string name;
+    uint64_t value;
+    while (in >> name >> value) {
+      if (name == key && value > 0) return true;
+    }
+  }
+  return false;
+}
+
+void Sandbox::Interrupt() {
+  if (agent_) agent_->Shutdown().IgnoreError();
+}
+
+Status Sandbox::Destroy() {
+  if (destroyed_) return OkStatus();
+  destroyed_ = true;
+  Status first;
+  auto note = [&](Status s) {
+    if (!s.ok()) {
+      STRATA_LOG(kWarn) << "sandbox " << id_ << ": " << s.ToString();
+      if (first.ok()) first = std::move(s);
+    }
+  };
+  // The container: ask the agent to end it, then make sure.
+  if (runtime_) {
+    if (runtime_->Running() && agent_) agent_->Shutdown().IgnoreError();
+    for (int i = 0; i < 500 && runtime_->Running(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    if (runtime_->Running()) {
+      RunCommand({.argv = {node_.runtime, "kill", id_, "KILL"}, .timeout = std::chrono::seconds(10)}).status().IgnoreError();
+      for (int i = 0; i < 2500 && runtime_->Running(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    runtime_.reset();  // kills and reaps whatever is left of the runtime's group
+  }
+  if (!id_.empty() && !dir_.empty()) {
+    // `run` deletes the container when its init exits; if the runtime died
+    // first its state is still there.
+    if (::access(StrCat("/run/", Basename(node_.runtime), "/", id_).c_str(), F_OK) == 0) {
+      RunCommand({.argv = {node_.runtime, "delete", "--force", id_}, .timeout = std::chrono::seconds(10)}).status().IgnoreError();
+    }
+    RemoveCgroups(node_.cgroup_parent + "/" + id_);
+  }
+  note(overlay_.Unmount());
+  if (upper_) {
+    note(upper_->Destroy());
+    upper_.reset();
+  }
+  if (!held_.empty()) {
+    lazyfs::Client lazyfs(node_.lazyfs_socket);
+    note(ReleaseLayers(lazyfs, id_, held_));
+    held_.clear();
+  }
+  if (!dir_.empty()) note(RemoveTree(dir_));
+  return first;
+}
+
+Sandbox::~Sandbox() { Destroy().IgnoreError(); }
+
+Status SweepStaleSandboxes(const NodeConfig& node) {
+  DIR* dir = ::opendir(node.run_dir.c_str());
+  if (!dir) return OkStatus();
+  std::vector<std::string> ids;
+  while (dirent* e = ::readdir(dir)) {
+    if (std::string_view(e->d_name).starts_with("sb-")) ids.push_back(e->d_name);
+  }
+  ::closedir(dir);
+  Status first;
+  for (const auto& id : ids) {
+    std::string path = JoinPath(node.run_dir, id);
+    auto text = ReadFileToString(path + "/state.json");
+    json state = text.ok() ? json::parse(*text, nullptr, false) : json();
+    pid_t owner = state.is_object() ? state.value("pid", 0) : 0;
+    if (Alive(owner)) continue;
+    STRATA_LOG(kWarn) << "cleaning up sandbox " << id << " whose launcher (pid " << owner << ") is gone";
+    std::string runtime = state.is_object() ? state.value("runtime", node.runtime) : node.runtime;
+    RunCommand({.argv = {runtime, "delete", "--force", id}, .timeout = std::chrono::seconds(10)}).status().IgnoreError();
+    RemoveCgroups(state.is_object() ? state.value("cgroup", node.cgroup_parent + "/" + id) : node.cgroup_parent + "/" + id);
+    if (IsMountPoint(path + "/rootfs")) MountPoint::Adopt(path + "/rootfs").Unmount().IgnoreError();
+    auto uppers = UpperStore::Open(state.is_object() ? state.value("uppers", node.uppers) : node.uppers);
+    if (uppers.ok()) {
+      auto volume = uppers->Adopt(id);
+      if (volume.ok()) volume->Destroy().IgnoreError();
+    }
+    if (state.is_object() && state.contains("layers")) {
+      std::vector<Digest128> digests;
+      for (const auto& d : state["layers"]) {
+        if (auto digest = Digest128::FromHex(d.get<std::string>())) digests.push_back(*digest);
+      }
+      lazyfs::Client lazyfs(state.value("lazyfs_socket", node.lazyfs_socket));
+      if (lazyfs.Alive()) ReleaseLayers(lazyfs, id, digests).IgnoreError();
+    }
+    Status s = RemoveTree(path);
+    if (!s.ok() && first.ok()) first = s;
+  }
+  return first;
+}
+
+}  // namespace strata::launcher

@@ -1,0 +1,92 @@
+// Sandbox: one container sandbox's whole life. Create() composes the layers
+// (shared, idmapped lazyfs mounts), an overlay over them with a size-capped
+// upper volume, an OCI bundle, and starts the runtime with the agent as
+// init; every step is undone in reverse when a later one fails, and
+// Destroy() (or the destructor) removes everything the sandbox made.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "cache/catalog.h"
+#include "common/idmap.h"
+#include "common/mount.h"
+#include "common/subprocess.h"
+#include "launcher/agent_client.h"
+#include "launcher/oci_config.h"
+#include "launcher/upper_store.h"
+
+namespace strata::launcher {
+
+// Node-wide settings (not per sandbox).
+struct NodeConfig {
+  std::string run_dir = "/run/strata/sandboxes";
+  std::string uppers = kDefaultUppers;
+  std::string lazyfs_socket = "/run/strata/lazyfs.sock";
+  std::string cache_dir;        // for starting lazyfs; empty: its default
+  std::string agent_binary;     // empty: beside this executable, then /usr/local/lib/strata
+  std::string runtime = "crun";  // any OCI runtime taking `run --bundle DIR ID`
+  IdMapping idmap;
+  std::string cgroup_parent = "strata";
+
+  // Fills the defaults that depend on the environment (STRATA_* variables,
+  // the agent's location).
+  static NodeConfig FromEnvironment();
+};
+
+struct SandboxSpec {
+  std::vector<std::string> layers;  // REFs, bottom first
+  std::string store;                // empty: $STRATA_STORE or the default
+  ContainerLimits limits;
+  uint64_t disk = uint64_t{10} << 30;
+  bool host_network = false;
+  std::vector<std::string> env;     // for commands
+  std::string workdir = "/";
+};
+
+class Sandbox {
+ public:
+  static Result<std::unique_ptr<Sandbox>> Create(const SandboxSpec& spec, const NodeConfig& node);
+  ~Sandbox();
+  Sandbox(const Sandbox&) = delete;
+  Sandbox& operator=(const Sandbox&) = delete;
+
+  const std::string& id() const { return id_; }
+  const std::vector<cache::StackLayer>& layers() const { return stack_; }
+  const std::string& rootfs() const { return rootfs_; }
+  AgentClient& agent() { return *agent_; }
+
+  // Runs a command through the agent; env and workdir default to the spec's.
+  Result<ExecResult> Exec(ExecRequest request, const OutputSink& sink);
+  // Whether the kernel's OOM killer killed a process in the sandbox.
+  bool OomKilled() const;
+  // Kills every process in the sandbox (its exec returns).
+  void Interrupt();
+  // Removes everything; idempotent. The first error is returned, but every
+  // step is attempted.
+  Status Destroy();
+
+ private:
+  Sandbox() = default;
+  Status Start(const SandboxSpec& spec);
+  std::string CgroupDir(const std::string& controller) const;
+
+  NodeConfig node_;
+  SandboxSpec spec_;
+  std::string id_, dir_, rootfs_;
+  std::vector<cache::StackLayer> stack_;
+  std::vector<Digest128> held_;       // layers acquired from lazyfs
+  std::optional<UpperVolume> upper_;
+  MountPoint overlay_;
+  std::optional<Subprocess> runtime_;
+  std::unique_ptr<AgentClient> agent_;
+  bool destroyed_ = false;
+};
+
+// Cleans up after sandboxes whose launcher died (kill -9, power loss):
+// every sandbox directory whose owner process is gone.
+Status SweepStaleSandboxes(const NodeConfig& node);
+
+}  // namespace strata::launcher

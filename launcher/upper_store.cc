@@ -1,0 +1,178 @@
+// UpperStore on btrfs ioctls.
+#include "launcher/upper_store.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <linux/btrfs.h>
+#include <linux/magic.h>
+#include <sys/ioctl.h>
+#include <sys/stat.h>
+#include <sys/statfs.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "common/fs.h"
+#include "common/log.h"
+#include "common/strings.h"
+#include "common/unique_fd.h"
+
+namespace strata::launcher {
+namespace {
+
+constexpr uint64_t kFirstFreeObjectId = 256;  // BTRFS_FIRST_FREE_OBJECTID: a subvolume's root directory
+
+Status CheckName(const std::string& name) {
+  if (name.empty() || name.size() > BTRFS_PATH_NAME_MAX || name.find('/') != std::string::npos || name[0] == '.') {
+    return Error(EINVAL, StrCat("upper volume name ", Quote(name), " is not valid"));
+  }
+  return OkStatus();
+}
+
+Result<uint64_t> SubvolumeId(int fd) {
+  btrfs_ioctl_ino_lookup_args args{};
+  args.treeid = 0;
+  args.objectid = kFirstFreeObjectId;
+  if (::ioctl(fd, BTRFS_IOC_INO_LOOKUP, &args) != 0) return ErrnoError(errno, "look up subvolume id");
+  return static_cast<uint64_t>(args.treeid);
+}
+
+Status DestroySubvolume(const std::string& root, const std::string& name) {
+  UniqueFd parent(::open(root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!parent) return ErrnoError(errno, "open " + root);
+  btrfs_ioctl_vol_args args{};
+  std::strncpy(args.name, name.c_str(), BTRFS_PATH_NAME_MAX);
+  if (::ioctl(parent.get(), BTRFS_IOC_SNAP_DESTROY, &args) != 0) {
+    if (errno == ENOENT) return OkStatus();
+    return ErrnoError(errno, StrCat("delete subvolume ", root, "/", name));
+  }
+  return OkStatus();
+}
+
+}  // namespace
+
+Status CheckUpperFilesystem(const std::string& path) {
+  struct statfs fs;
+  if (::statfs(path.c_str(), &fs) != 0) {
+    return ErrnoError(errno, StrCat("sandbox uppers at ", path, " (run `launcher doctor --fix` to create them)"));
+  }
+  if (static_cast<unsigned long>(fs.f_type) != BTRFS_SUPER_MAGIC) {
+    return Error(ENOTSUP, StrCat("sandbox uppers at ", path,
+                                 " are not on btrfs: per-sandbox size caps need btrfs qgroups (run `launcher doctor --fix`)"));
+  }
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!fd) return ErrnoError(errno, "open " + path);
+  // A limit on the top-level qgroup fails with ENOTCONN when quotas are off.
+  btrfs_ioctl_qgroup_limit_args probe{};
+  probe.qgroupid = 5;  // the top level's own qgroup, which always exists
+  probe.lim.flags = 0;
+  if (::ioctl(fd.get(), BTRFS_IOC_QGROUP_LIMIT, &probe) != 0 && errno == ENOTCONN) {
+    return Error(ENOTCONN, StrCat("btrfs quotas are off at ", path, " (run `launcher doctor --fix` or `btrfs quota enable ", path, "`)"));
+  }
+  return OkStatus();
+}
+
+Status EnableQuotas(const std::string& path) {
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!fd) return ErrnoError(errno, "open " + path);
+  btrfs_ioctl_quota_ctl_args args{};
+  args.cmd = BTRFS_QUOTA_CTL_ENABLE;
+  if (::ioctl(fd.get(), BTRFS_IOC_QUOTA_CTL, &args) != 0) return ErrnoError(errno, "enable btrfs quotas on " + path);
+  return OkStatus();
+}
+
+Result<UpperStore> UpperStore::Open(const std::string& root) {
+  STRATA_RETURN_IF_ERROR(CheckUpperFilesystem(root));
+  UpperStore store;
+  store.root_ = root;
+  return store;
+}
+
+Result<UpperVolume> UpperStore::Create(const std::string& name, uint64_t limit_bytes, uid_t uid, gid_t gid) const {
+  STRATA_RETURN_IF_ERROR(CheckName(name));
+  UniqueFd parent(::open(root_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!parent) return ErrnoError(errno, "open " + root_);
+  btrfs_ioctl_vol_args args{};
+  std::strncpy(args.name, name.c_str(), BTRFS_PATH_NAME_MAX);
+  if (::ioctl(parent.get(), BTRFS_IOC_SUBVOL_CREATE, &args) != 0) {
+    return ErrnoError(errno, StrCat("create subvolume ", root_, "/", name));
+  }
+  UpperVolume volume;
+  volume.root_ = root_;
+  volume.name_ = name;
+  volume.path_ = root_ + "/" + name;  // from here on the destructor removes it
+  UniqueFd sub(::open(volume.path_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!sub) return ErrnoError(errno, "open " + volume.path_);
+  STRATA_ASSIGN_OR_RETURN(volume.subvol_id_, SubvolumeId(sub.get()));
+  if (limit_bytes) {
+    btrfs_ioctl_qgroup_limit_args limit{};
+    limit.qgroupid = 0;  // the subvolume of the descriptor
+    limit.lim.flags = BTRFS_QGROUP_LIMIT_MAX_RFER;
+    limit.lim.max_rfer = limit_bytes;
+    if (::ioctl(sub.get(), BTRFS_IOC_QGROUP_LIMIT, &limit) != 0) {
+      return ErrnoError(errno, StrCat("limit ", volume.path_, " to ", FormatBytes(limit_bytes)));
+    }
+  }
+  for (const char* d : {"upper", "work"}) {
+    if (::mkdirat(sub.get(), d, 0755) != 0) return ErrnoError(errno, StrCat("create ", volume.path_, "/", d));
+  }
+  if (::fchownat(sub.get(), "upper", uid, gid, 0) != 0) return ErrnoError(errno, "chown " + volume.upper());
+  return volume;
+}
+
+Result<UpperVolume> UpperStore::Adopt(const std::string& name) const {
+  STRATA_RETURN_IF_ERROR(CheckName(name));
+  UpperVolume volume;
+  volume.root_ = root_;
+  volume.name_ = name;
+  std::string path = root_ + "/" + name;
+  UniqueFd sub(::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!sub) return ErrnoError(errno, "open " + path);
+  STRATA_ASSIGN_OR_RETURN(volume.subvol_id_, SubvolumeId(sub.get()));
+  volume.path_ = path;
+  return volume;
+}
+
+Result<std::vector<std::string>> UpperStore::List() const {
+  std::vector<std::string> out;
+  DIR* dir = ::opendir(root_.c_str());
+  if (!dir) return ErrnoError(errno, "list " + root_);
+  while (dirent* e = ::readdir(dir)) {
+    if (e->d_name[0] != '.' && e->d_type == DT_DIR) out.push_back(e->d_name);
+  }
+  ::closedir(dir);
+  return out;
+}
+
+UpperVolume::UpperVolume(UpperVolume&& other) noexcept
+    : root_(std::move(other.root_)), name_(std::move(other.name_)), path_(std::move(other.path_)), subvol_id_(other.subvol_id_) {
+  other.path_.clear();
+}
+
+UpperVolume& UpperVolume::operator=(UpperVolume&& other) noexcept {
+  if (this != &other) {
+    Destroy().IgnoreError();
+    root_ = std::move(other.root_);
+    name_ = std::move(other.name_);
+    path_ = std::move(other.path_);
+    subvol_id_ = other.subvol_id_;
+    other.path_.clear();
+  }
+  return *this;
+}
+
+UpperVolume::~UpperVolume() {
+  Status s = Destroy();
+  if (!s.ok()) STRATA_LOG(kWarn) << s.ToString();
+}
+
+Status UpperVolume::Destroy() {
+  if (path_.empty()) return OkStatus();
+  path_.clear();
+  // The subvolume's qgroup is removed by btrfs once its cleaner has dropped
+  // the subvolume (Linux 6.x removes the qgroups of deleted subvolumes).
+  return DestroySubvolume(root_, name_);
+}
+
+}  // namespace strata::launcher

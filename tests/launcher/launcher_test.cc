@@ -1,0 +1,318 @@
+// System tests of `launcher run`: real crun, real overlay and EROFS mounts,
+// a real btrfs for uppers (made by `launcher doctor --fix`).
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <fstream>
+#include <random>
+#include <thread>
+
+#include "cache/catalog.h"
+#include "common/fs.h"
+#include "common/strings.h"
+#include "common/subprocess.h"
+#include "launcher/sandbox.h"
+#include "launcher/upper_store.h"
+#include "layerctl/builder.h"
+#include "layerctl/publish.h"
+#include "lazyfs/client.h"
+#include "tests/testing/test_util.h"
+
+namespace strata::launcher {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::MakeTempDir;
+
+// A busybox root filesystem: /bin/busybox and a link per applet.
+Status MakeBusyboxTree(const std::string& root) {
+  for (const char* d : {"bin", "proc", "sys", "dev", "tmp", "etc", "root", "mnt"}) STRATA_RETURN_IF_ERROR(MakeDirs(root + "/" + d));
+  STRATA_RETURN_IF_ERROR(RunChecked({.argv = {"cp", "/bin/busybox", root + "/bin/busybox"}}, "copy busybox").status());
+  STRATA_ASSIGN_OR_RETURN(auto list, RunChecked({.argv = {"/bin/busybox", "--list"}}, "list applets"));
+  for (const auto& applet : Split(list.out, '\n')) {
+    if (applet.empty() || applet == "busybox") continue;
+    if (::symlink("busybox", (root + "/bin/" + applet).c_str()) != 0 && errno != EEXIST) {
+      return ErrnoError(errno, "symlink " + applet);
+    }
+  }
+  STRATA_RETURN_IF_ERROR(WriteFileAtomic(root + "/etc/passwd", "root:x:0:0:root:/root:/bin/sh\n"));
+  if (::chmod((root + "/tmp").c_str(), 01777) != 0) return ErrnoError(errno, "chmod tmp");
+  return OkStatus();
+}
+
+std::vector<std::string> Lines(const std::string& path) {
+  std::ifstream in(path);
+  std::vector<std::string> out;
+  std::string line;
+  while (std::getline(in, line)) out.push_back(line);
+  return out;
+}
+
+class LauncherTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {}
+
+  void SetUp() override {
+    if (::geteuid() != 0) GTEST_SKIP() << "needs root";
+    Status uppers = CheckUpperFilesystem(kDefaultUppers);
+    if (!uppers.ok()) GTEST_SKIP() << "run `launcher doctor --fix` first (scripts/setup does): " << uppers.ToString();
+    store_url_ = "file://" + dir_.Sub("store");
+    ASSERT_EQ(::chmod(dir_.path().c_str(), 0711), 0);  // the sandbox's root must reach its rootfs
+    env_ = {"STRATA_STORE=" + store_url_, "STRATA_LAZYFS_SOCKET=" + dir_.Sub("lazyfs.sock"),
+            "STRATA_CACHE=" + dir_.Sub("cache"), "STRATA_RUN_DIR=" + dir_.Sub("run")};
+    ASSERT_OK_AND_ASSIGN(auto store, cache::OpenStore(store_url_));
+    catalog_ = std::make_unique<cache::Catalog>(store);
+    ASSERT_OK(MakeBusyboxTree(dir_.Sub("busybox")));
+    Publish(dir_.Sub("busybox"), "busybox", cache::LayerKind::kBase);
+  }
+
+  void TearDown() override {
+    // Stop the lazyfs daemon the launcher started for this test.
+    lazyfs::Client client(dir_.Sub("lazyfs.sock"));
+    if (client.Alive()) {
+      auto stats = client.Call("GET", "/v1/stats");
+      if (stats.ok()) {
+        pid_t pid = (*stats)["pid"].get<pid_t>();
+        ::kill(pid, SIGTERM);
+        for (int i = 0; i < 500 && ::kill(pid, 0) == 0; ++i) std::this_thread::sleep_for(10ms);
+      }
+    }
+    ExpectHostClean();
+  }
+
+  Digest128 Publish(const std::string& src, const std::string& name, cache::LayerKind kind) {
+    auto built = layerctl::BuildLayer({.source = src, .output_dir = dir_.Sub("build-" + name), .kind = kind, .name = name});
+    EXPECT_TRUE(built.ok()) << built.status().ToString();
+    EXPECT_OK(layerctl::Push(*built, *catalog_, cache::LayerRef{name, "1"}).status());
+    return built->digest;
+  }
+
+  std::string Tool() const { return testing::TestBinaryDir() + "/../../launcher/launcher"; }
+
+  Result<SubprocessResult> Run(std::vector<std::string> args, Duration timeout = 120s) {
+    args.insert(args.begin(), {Tool(), "run"});
+    return RunCommand({.argv = args, .env = env_, .timeout = timeout});
+  }
+
+  // Nothing a sandbox made may outlive it: mounts, cgroups, subvolumes,
+  // runtime processes, directories.
+  void ExpectHostClean() {
+    for (const auto& line : Lines("/proc/self/mountinfo")) {
+      EXPECT_EQ(line.find(dir_.Sub("run")), std::string::npos) << "mount left: " << line;
+    }
+    for (const char* c : {"memory", "cpu", "pids", "freezer", "cpuset", "devices", "blkio"}) {
+      DIR* d = ::opendir(StrCat("/sys/fs/cgroup/", c, "/strata").c_str());
+      if (!d) continue;
+      while (dirent* e = ::readdir(d)) {
+        std::string name = e->d_name;
+        EXPECT_FALSE(name.starts_with("sb-") && sandboxes_.count(name)) << "cgroup left: " << c << "/strata/" << name;
+      }
+      ::closedir(d);
+    }
+    auto store = UpperStore::Open(kDefaultUppers);
+    if (store.ok()) {
+      for (const auto& name : store->List().value_or({})) EXPECT_FALSE(sandboxes_.count(name)) << "subvolume left: " << name;
+    }
+    DIR* run = ::opendir(dir_.Sub("run").c_str());
+    if (run) {
+      while (dirent* e = ::readdir(run)) EXPECT_FALSE(std::string(e->d_name).starts_with("sb-")) << "sandbox dir left: " << e->d_name;
+      ::closedir(run);
+    }
+  }
+
+  TempDir dir_ = MakeTempDir();
+  std::string store_url_;
+  std::vector<std::string> env_;
+  std::unique_ptr<cache::Catalog> catalog_;
+  std::set<std::string> sandboxes_;  // ids seen, checked at teardown
+};
+
+TEST_F(LauncherTest, RunsACommandWithItsOutputAndExitCode) {
+  ASSERT_OK_AND_ASSIGN(auto r, Run({"-v", "--layer", "busybox:1", "--", "sh", "-c", "echo out; echo err >&2; exit 3"}));
+  EXPECT_EQ(r.exit_code, 3) << r.err;
+  EXPECT_EQ(r.out, "out\n");
+  EXPECT_NE(r.err.find("err\n"), std::string::npos);
+  EXPECT_NE(r.err.find("launcher: layer "), std::string::npos);  // -v: resolved digests
+  ASSERT_OK_AND_ASSIGN(auto sig, Run({"--layer", "busybox:1", "--", "sh", "-c", "kill -TERM $$"}));
+  EXPECT_EQ(sig.exit_code, 128 + SIGTERM);
+  ASSERT_OK_AND_ASSIGN(auto killed, Run({"--layer", "busybox:1", "--", "sh", "-c", "kill -KILL $$"}));
+  EXPECT_EQ(killed.exit_code, 137);
+  EXPECT_EQ(killed.err.find("out of memory"), std::string::npos);
+  ASSERT_OK_AND_ASSIGN(auto env, Run({"--layer", "busybox:1", "--env", "GREETING=hello", "--workdir", "/etc", "--", "sh", "-c", "echo $GREETING $(pwd)"}));
+  EXPECT_EQ(env.out, "hello /etc\n");
+  ASSERT_OK_AND_ASSIGN(auto missing, Run({"--layer", "busybox:1", "--", "/no/such/program"}));
+  EXPECT_NE(missing.exit_code, 0);
+  EXPECT_NE(missing.err.find("/no/such/program"), std::string::npos) << missing.err;
+}
+
+TEST_F(LauncherTest, TimeoutKillsTheWholeTreeWith124) {
+  auto start = std::chrono::steady_clock::now();
+  ASSERT_OK_AND_ASSIGN(auto r, Run({"--timeout", "1s", "--layer", "busybox:1", "--", "sh", "-c", "sleep 60 & sleep 60"}));
+  EXPECT_EQ(r.exit_code, 124) << r.err;
+  EXPECT_NE(r.err.find("timed out"), std::string::npos);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 20s);
+}
+
+TEST_F(LauncherTest, StacksLayersAndADiffNeedsItsParents) {
+  std::string tk = dir_.Sub("toolkit");
+  ASSERT_OK(MakeDirs(tk + "/opt/tool"));
+  ASSERT_OK(WriteFileAtomic(tk + "/opt/tool/hello", "from the toolkit\n"));
+  Publish(tk, "toolkit", cache::LayerKind::kToolkit);
+  ASSERT_OK_AND_ASSIGN(auto r, Run({"--layer", "busybox:1", "--layer", "toolkit:1", "--", "cat", "/opt/tool/hello"}));
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, "from the toolkit\n");
+  ASSERT_OK_AND_ASSIGN(auto unknown, Run({"--layer", "nope:1", "--", "true"}));
+  EXPECT_EQ(unknown.exit_code, 125);
+  EXPECT_NE(unknown.err.find("nope:1"), std::string::npos);
+}
+
+TEST_F(LauncherTest, SandboxesAreIsolated) {
+  // Overwriting /bin/sh changes only that sandbox.
+  ASSERT_OK_AND_ASSIGN(auto vandal, Run({"--layer", "busybox:1", "--", "/bin/busybox", "sh", "-c", "rm /bin/sh && echo broken > /bin/sh && cat /bin/sh"}));
+  EXPECT_EQ(vandal.out, "broken\n") << vandal.err;
+  ASSERT_OK_AND_ASSIGN(auto next, Run({"--layer", "busybox:1", "--", "sh", "-c", "echo fine"}));
+  EXPECT_EQ(next.out, "fine\n") << next.err;
+
+  // Host processes are invisible.
+  ASSERT_OK_AND_ASSIGN(auto ps, Run({"--layer", "busybox:1", "--", "sh", "-c", "ls /proc | grep -c '^[0-9]'"}));
+  EXPECT_LE(std::stoi(ps.out), 4) << ps.out;
+
+  // mount is not allowed.
+  ASSERT_OK_AND_ASSIGN(auto mount, Run({"--layer", "busybox:1", "--", "mount", "-t", "tmpfs", "none", "/mnt"}));
+  EXPECT_NE(mount.exit_code, 0);
+
+  // Files are root's inside and the mapped id's outside.
+  ASSERT_OK_AND_ASSIGN(Subprocess slow, Subprocess::Start({.argv = {Tool(), "run", "--layer", "busybox:1", "--", "sh", "-c",
+                                                                    "touch /tmp/owned-marker && stat -c %u /tmp/owned-marker && sleep 5"},
+                                                           .env = env_}));
+  std::string outside;
+  for (int i = 0; i < 200 && outside.empty(); ++i) {
+    auto store = UpperStore::Open(kDefaultUppers);
+    for (const auto& name : store->List().value_or({})) {
+      std::string path = StrCat(kDefaultUppers, "/", name, "/upper/tmp/owned-marker");
+      if (::access(path.c_str(), F_OK) == 0) outside = path;
+    }
+    std::this_thread::sleep_for(50ms);
+  }
+  ASSERT_FALSE(outside.empty());
+  struct stat st;
+  ASSERT_EQ(::stat(outside.c_str(), &st), 0);
+  EXPECT_EQ(st.st_uid, 100000u);
+  ASSERT_OK_AND_ASSIGN(auto done, slow.Wait());
+  EXPECT_EQ(done.out, "0\n");
+}
+
+TEST_F(LauncherTest, NoNetworkReachesNothingOnTheHost) {
+  int server = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(server, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  ASSERT_EQ(::listen(server, 4), 0);
+  socklen_t len = sizeof addr;
+  ::getsockname(server, reinterpret_cast<sockaddr*>(&addr), &len);
+  std::string port = std::to_string(ntohs(addr.sin_port));
+  std::atomic<bool> stop{false};
+  std::thread acceptor([&] {  // answers and hangs up, so a client that got through finishes
+    while (!stop) {
+      pollfd p{server, POLLIN, 0};
+      if (::poll(&p, 1, 100) > 0) {
+        int c = ::accept(server, nullptr, nullptr);
+        if (c >= 0) {
+          ssize_t w = ::write(c, "hi\n", 3);
+          (void)w;
+          ::close(c);
+        }
+      }
+    }
+  });
+  ASSERT_OK_AND_ASSIGN(auto none, Run({"--layer", "busybox:1", "--", "sh", "-c", "nc -w 2 127.0.0.1 " + port + " </dev/null && echo reached"}));
+  EXPECT_EQ(none.out.find("reached"), std::string::npos);
+  ASSERT_OK_AND_ASSIGN(auto lo, Run({"--layer", "busybox:1", "--", "sh", "-c", "ip -o link | grep -c ."}));
+  EXPECT_EQ(lo.out, "1\n");  // loopback only
+  ASSERT_OK_AND_ASSIGN(auto host, Run({"--net", "host", "--layer", "busybox:1", "--", "sh", "-c", "nc -w 2 127.0.0.1 " + port + " </dev/null && echo reached"}));
+  EXPECT_NE(host.out.find("reached"), std::string::npos) << host.err;
+  stop = true;
+  acceptor.join();
+  ::close(server);
+}
+
+TEST_F(LauncherTest, LimitsHold) {
+  // A fork bomb stops at the pids limit.
+  ASSERT_OK_AND_ASSIGN(auto bomb, Run({"--pids", "32", "--timeout", "20s", "--layer", "busybox:1", "--", "sh", "-c",
+                                       "i=0; while [ $i -lt 100 ]; do sleep 30 & i=$((i+1)); done; echo $i"}));
+  EXPECT_NE(bomb.err.find("fork"), std::string::npos) << bomb.out << bomb.err;
+  // A memory hog is killed: 137 and the notice.
+  ASSERT_OK_AND_ASSIGN(auto hog, Run({"--memory", "64M", "--layer", "busybox:1", "--", "dd", "if=/dev/zero", "of=/dev/null", "bs=300M", "count=1"}));
+  EXPECT_EQ(hog.exit_code, 137) << hog.err;
+  EXPECT_NE(hog.err.find("out of memory (limit 64.0 MiB)"), std::string::npos) << hog.err;
+  // Output is capped outside the command's bytes.
+  ASSERT_OK_AND_ASSIGN(auto yes, Run({"--output-cap", "64K", "--layer", "busybox:1", "--", "head", "-c", "10000000", "/dev/zero"}));
+  EXPECT_EQ(yes.exit_code, 0);
+  EXPECT_EQ(yes.out.size(), 65536u);
+  EXPECT_NE(yes.err.find("stdout cut at 64.0 KiB (the command wrote 9.5 MiB)"), std::string::npos) << yes.err;
+  // The disk cap holds.
+  ASSERT_OK_AND_ASSIGN(auto disk, Run({"--disk", "20M", "--layer", "busybox:1", "--", "sh", "-c", "dd if=/dev/zero of=/big bs=1M count=100 2>&1; sync"}));
+  EXPECT_TRUE(disk.out.find("Disk quota exceeded") != std::string::npos ||
+              disk.out.find("No space left") != std::string::npos) << disk.out << disk.err;
+}
+
+TEST_F(LauncherTest, InterruptedAndFailedSandboxesLeaveNothing) {
+  std::mt19937 rng(3);
+  for (int i = 0; i < 12; ++i) {
+    ASSERT_OK_AND_ASSIGN(Subprocess p, Subprocess::Start({.argv = {Tool(), "run", "--layer", "busybox:1", "--", "sh", "-c", "sleep 30"},
+                                                          .env = env_, .stdout_mode = StdStream::kNull}));
+    std::this_thread::sleep_for(std::chrono::milliseconds(20 + rng() % 400));
+    int sig = (i % 3 == 0) ? SIGINT : SIGTERM;
+    ::kill(p.pid(), sig);
+    ASSERT_OK_AND_ASSIGN(auto r, p.Wait());
+    EXPECT_TRUE(r.exit_code == 128 + sig || r.exit_code == 125) << r.exit_code << " " << r.err;
+  }
+  // A launcher killed outright: the next run sweeps up after it.
+  ASSERT_OK_AND_ASSIGN(Subprocess p, Subprocess::Start({.argv = {Tool(), "run", "--layer", "busybox:1", "--", "sleep", "30"},
+                                                        .env = env_, .stdout_mode = StdStream::kNull}));
+  for (int i = 0; i < 200; ++i) {
+    DIR* d = ::opendir(dir_.Sub("run").c_str());
+    bool started = false;
+    while (d && !started) {
+      dirent* e = ::readdir(d);
+      if (!e) break;
+      started = std::string(e->d_name).starts_with("sb-") && ::access(dir_.Sub(StrCat("run/", e->d_name, "/agent/agent.sock")).c_str(), F_OK) == 0;
+    }
+    if (d) ::closedir(d);
+    if (started) break;
+    std::this_thread::sleep_for(20ms);
+  }
+  ::kill(p.pid(), SIGKILL);
+  ASSERT_OK(p.Wait().status());
+  // Setup failing half-way (a layer whose chunks are missing) undoes itself.
+  std::string broken = dir_.Sub("broken");
+  ASSERT_OK(MakeDirs(broken));
+  ASSERT_OK(WriteFileAtomic(broken + "/f", "x"));
+  Digest128 d = Publish(broken, "broken", cache::LayerKind::kToolkit);
+  ASSERT_OK_AND_ASSIGN(cache::Manifest m, catalog_->GetManifest(d));
+  ASSERT_OK(catalog_->store().Delete(cache::ChunkKey(m.meta_hash)));
+  ASSERT_OK_AND_ASSIGN(auto failed, Run({"--layer", "busybox:1", "--layer", "broken:1", "--", "true"}));
+  EXPECT_EQ(failed.exit_code, 125);
+  EXPECT_NE(failed.err.find("mount layer"), std::string::npos) << failed.err;
+  // The sweep in this run cleans up after the killed launcher.
+  ASSERT_OK_AND_ASSIGN(auto after, Run({"--layer", "busybox:1", "--", "true"}));
+  EXPECT_EQ(after.exit_code, 0) << after.err;
+  for (const auto& line : Lines("/proc/self/mountinfo")) {
+    EXPECT_EQ(line.find(dir_.Sub("run")), std::string::npos) << line;
+  }
+  std::string leftovers;
+  auto procs = RunCommand({.argv = {"pgrep", "-f", dir_.Sub("run")}});
+  EXPECT_TRUE(procs.ok() && procs->out.empty()) << "processes left: " << procs->out;
+}
+
+}  // namespace
+}  // namespace strata::launcher
