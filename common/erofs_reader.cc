@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <set>
 #include <unordered_set>
@@ -189,6 +190,13 @@ Result<std::unique_ptr<Image>> Image::Open(std::shared_ptr<BlockSource> meta,
                                   image->device_bytes_[id], " bytes)"));
     }
     image->devices_.push_back(std::move(devices[i]));
+  }
+  // Sizes learnt from the sources replace unknown ones in the total too.
+  image->total_device_bytes_ = 0;
+  for (uint64_t bytes : image->device_bytes_) {
+    if (!Add(image->total_device_bytes_, bytes, &image->total_device_bytes_)) {
+      image->total_device_bytes_ = UINT64_MAX;
+    }
   }
 
   const ImageInfo& info = image->info_;
