@@ -676,6 +676,33 @@ TEST_F(ErofsSmallImageTest, RefusesCorruptDirectories) {
   (void)dir;
 }
 
+TEST_F(ErofsSmallImageTest, WalkRefusesDirectoriesSharingBlocks) {
+  // Two directories large enough to need a full block each.
+  const std::string src = dir_.Sub("two-dirs");
+  for (const char* d : {"a", "b"}) {
+    ASSERT_OK(MakeDirs(StrCat(src, "/", d)));
+    for (int i = 0; i < 200; ++i) {
+      ASSERT_OK(WriteFileAtomic(StrCat(src, "/", d, "/entry-", i), "", false));
+    }
+  }
+  ASSERT_OK_AND_ASSIGN(BuiltImage built, MakeImage(src, dir_.path(), "two-dirs", {}, false));
+  std::string bytes = ReadAll(built.meta);
+  OPEN_PATCHED(image, bytes);
+  ASSERT_OK_AND_ASSIGN(Inode a, image->LookupPath("/a"));
+  ASSERT_OK_AND_ASSIGN(Inode b, image->LookupPath("/b"));
+  ASSERT_GT(a.size, 4096u);
+  ASSERT_OK(WalkAll(*image));
+  // /b's first block becomes /a's: each directory still reads alone, but a
+  // walk would parse that block twice.
+  PutLe32(bytes, b.meta_offset + 16, a.start_block);
+  OPEN_PATCHED(patched, bytes);
+  ASSERT_OK_AND_ASSIGN(Inode shared, patched->LookupPath("/b"));
+  EXPECT_EQ(shared.start_block, a.start_block);
+  Status s = WalkAll(*patched);
+  EXPECT_EQ(s.code(), EUCLEAN);
+  EXPECT_THAT(s.ToString(), HasSubstr("also belongs to another directory"));
+}
+
 TEST_F(ErofsSmallImageTest, RefusesChunkIndexesBeyondTheirDevice) {
   auto built = MakeImage(Src(), dir_.path(), "blob", {"--chunksize=4096"}, true);
   ASSERT_OK(built.status());
