@@ -164,7 +164,8 @@ class Image {
   // and "..". ENOTDIR for other inodes.
   Result<std::vector<DirEntry>> ReadDir(const Inode& dir) const;
   // Finds `name` by binary search over blocks, then within the block, as
-  // the kernel does. ENOENT when absent.
+  // the kernel does. ENOENT when absent, ENAMETOOLONG past 255 bytes,
+  // EINVAL for an empty name or one with '/' or NUL.
   Result<DirEntry> Lookup(const Inode& dir, std::string_view name) const;
   // Resolves "/a/b/c" (or "a/b/c") from the root without following
   // symlinks; ENOENT, ENOTDIR as the path dictates.
@@ -187,9 +188,9 @@ class Image {
   // "/", then each entry as "/dir/name" (a hardlinked file once per name),
   // a directory before its entries. Fails with EUCLEAN when a directory is
   // reached twice (a cycle or a hardlinked directory), a directory block
-  // serves two directories (so the walk's work stays proportional to the
-  // image), or a dirent's type disagrees with its inode. A visitor error
-  // stops the walk and is returned as is.
+  // serves two directories (so a small image cannot make the walk parse the
+  // same blocks over and over), or a dirent's type disagrees with its
+  // inode. A visitor error stops the walk and is returned as is.
   using WalkVisitor = std::function<Status(const std::string& path, const Inode& inode)>;
   Status Walk(const WalkVisitor& visit) const;
 
