@@ -156,6 +156,8 @@ class Image {
   const ImageInfo& info() const { return info_; }
 
   // Every method below is const and may be called from many threads.
+  // Inodes passed in must come from this image's GetInode (or Root, Walk,
+  // LookupPath): their layout fields were checked there.
 
   Result<Inode> GetInode(uint64_t nid) const;
   Result<Inode> Root() const { return GetInode(info_.root_nid); }
