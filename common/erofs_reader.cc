@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <set>
 #include <unordered_set>
@@ -156,6 +157,7 @@ struct Image::Mapping {
   uint32_t device = 0;
   uint64_t physical = 0;
   bool hole = false;
+  bool inline_tail = false;  // in the metadata image right after the inode
 };
 
 struct Image::RawDirent {
@@ -189,6 +191,13 @@ Result<std::unique_ptr<Image>> Image::Open(std::shared_ptr<BlockSource> meta,
                                   image->device_bytes_[id], " bytes)"));
     }
     image->devices_.push_back(std::move(devices[i]));
+  }
+  // Sizes learnt from the sources replace unknown ones in the total too.
+  image->total_device_bytes_ = 0;
+  for (uint64_t bytes : image->device_bytes_) {
+    if (!Add(image->total_device_bytes_, bytes, &image->total_device_bytes_)) {
+      image->total_device_bytes_ = UINT64_MAX;
+    }
   }
 
   const ImageInfo& info = image->info_;
@@ -657,6 +666,7 @@ Result<Image::Mapping> Image::MapAt(const Inode& inode, uint64_t offset) const {
       } else {
         m.file_offset = head;
         m.length = inode.size - head;
+        m.inline_tail = true;
         m.device = 0;
         m.physical = inode.meta_offset + inode.inode_size + inode.xattr_size;
       }
@@ -828,7 +838,9 @@ Result<std::vector<Image::RawDirent>> Image::ReadDirBlock(const Inode& dir, uint
   return out;
 }
 
-Result<std::vector<DirEntry>> Image::ReadDir(const Inode& dir) const {
+Result<std::vector<DirEntry>> Image::ReadDir(const Inode& dir) const { return ReadDirImpl(dir, nullptr); }
+
+Result<std::vector<DirEntry>> Image::ReadDirImpl(const Inode& dir, std::unordered_set<uint64_t>* claimed) const {
   if (dir.type != FileType::kDirectory) {
     return Error(ENOTDIR, StrCat("erofs image: ", InodeName(dir.nid), " is a ", FileTypeName(dir.type),
                                  ", not a directory"));
@@ -839,6 +851,18 @@ Result<std::vector<DirEntry>> Image::ReadDir(const Inode& dir) const {
   std::string previous;
   bool have_previous = false;
   for (uint64_t b = 0; b < blocks; ++b) {
+    if (claimed != nullptr) {
+      // Claim the block before parsing it; inline tails live inside their
+      // own inode's slots and are not claimed.
+      STRATA_ASSIGN_OR_RETURN(Mapping m, MapAt(dir, b << blkbits_));
+      if (!m.hole && !m.inline_tail) {
+        const uint64_t physical_block = (m.physical + ((b << blkbits_) - m.file_offset)) >> blkbits_;
+        if (!claimed->insert(uint64_t{m.device} << 48 | physical_block).second) {
+          return Corrupt(StrCat(InodeName(dir.nid), ": directory block ", b, " (block ", physical_block,
+                                " of device ", m.device, ") also belongs to another directory"));
+        }
+      }
+    }
     STRATA_ASSIGN_OR_RETURN(std::vector<RawDirent> raw, ReadDirBlock(dir, b, &buf));
     for (const RawDirent& r : raw) {
       std::string_view name(buf.data() + r.name_offset, r.name_length);
@@ -1085,9 +1109,12 @@ Status Image::Walk(const WalkVisitor& visit) const {
     size_t path_len = 0;
   };
   std::unordered_set<uint64_t> dirs{root.nid};
+  // No directory block may serve two directories: else a small image could
+  // make the walk parse the same blocks once per directory.
+  std::unordered_set<uint64_t> dir_blocks;
   std::vector<Frame> stack;
   {
-    STRATA_ASSIGN_OR_RETURN(std::vector<DirEntry> entries, ReadDir(root));
+    STRATA_ASSIGN_OR_RETURN(std::vector<DirEntry> entries, ReadDirImpl(root, &dir_blocks));
     stack.push_back({std::move(entries), 0, 0});
   }
   std::string path;
@@ -1113,7 +1140,7 @@ Status Image::Walk(const WalkVisitor& visit) const {
         return Corrupt(StrCat(Quote(path), ": directory inode ", inode->nid,
                               " is reached twice (a cycle or a hardlinked directory)"));
       }
-      auto entries = ReadDir(*inode);
+      auto entries = ReadDirImpl(*inode, &dir_blocks);
       if (!entries.ok()) return entries.status().Annotate(Quote(path));
       const size_t len = path.size();
       stack.push_back({std::move(*entries), 0, len});  // invalidates `frame` and `entry`

@@ -27,6 +27,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <unordered_set>
 #include <vector>
 
 #include "common/status.h"
@@ -155,6 +156,8 @@ class Image {
   const ImageInfo& info() const { return info_; }
 
   // Every method below is const and may be called from many threads.
+  // Inodes passed in must come from this image's GetInode (or Root, Walk,
+  // LookupPath): their layout fields were checked there.
 
   Result<Inode> GetInode(uint64_t nid) const;
   Result<Inode> Root() const { return GetInode(info_.root_nid); }
@@ -163,7 +166,8 @@ class Image {
   // and "..". ENOTDIR for other inodes.
   Result<std::vector<DirEntry>> ReadDir(const Inode& dir) const;
   // Finds `name` by binary search over blocks, then within the block, as
-  // the kernel does. ENOENT when absent.
+  // the kernel does. ENOENT when absent, ENAMETOOLONG past 255 bytes,
+  // EINVAL for an empty name or one with '/' or NUL.
   Result<DirEntry> Lookup(const Inode& dir, std::string_view name) const;
   // Resolves "/a/b/c" (or "a/b/c") from the root without following
   // symlinks; ENOENT, ENOTDIR as the path dictates.
@@ -185,9 +189,10 @@ class Image {
   // Visits every inode reachable from the root depth-first: the root as
   // "/", then each entry as "/dir/name" (a hardlinked file once per name),
   // a directory before its entries. Fails with EUCLEAN when a directory is
-  // reached twice (a cycle or a hardlinked directory) or a dirent's type
-  // disagrees with its inode. A visitor error stops the walk and is
-  // returned as is.
+  // reached twice (a cycle or a hardlinked directory), a directory block
+  // serves two directories (so a small image cannot make the walk parse the
+  // same blocks over and over), or a dirent's type disagrees with its
+  // inode. A visitor error stops the walk and is returned as is.
   using WalkVisitor = std::function<Status(const std::string& path, const Inode& inode)>;
   Status Walk(const WalkVisitor& visit) const;
 
@@ -219,6 +224,9 @@ class Image {
   Result<Mapping> MapAt(const Inode& inode, uint64_t offset) const;
   Result<size_t> ReadData(const Inode& inode, uint64_t offset, std::span<char> out) const;
 
+  // ReadDir; with `claimed`, also records each directory block's physical
+  // block there and fails when one is already recorded.
+  Result<std::vector<DirEntry>> ReadDirImpl(const Inode& dir, std::unordered_set<uint64_t>* claimed) const;
   Result<std::vector<RawDirent>> ReadDirBlock(const Inode& dir, uint64_t block, std::string* buf) const;
   // Calls fn for every xattr, inline ones first; fn returns false to stop.
   using XattrFn = std::function<Result<bool>(std::string_view name, uint64_t value_offset, uint32_t value_size)>;

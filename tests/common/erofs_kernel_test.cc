@@ -107,6 +107,12 @@ TEST_F(ErofsKernelTest, LongXattrPrefixesAgree) {
   CompareWithKernel(built);
 }
 
+TEST_F(ErofsKernelTest, LongXattrPrefixesInThePackedInodeAgree) {
+  ASSERT_OK(testing::BuildSmallTree(dir_.Sub("src")));
+  ASSERT_OK_AND_ASSIGN(BuiltImage built, testing::MakePackedPrefixImage(dir_.Sub("src"), dir_.path()));
+  CompareWithKernel(built);
+}
+
 TEST_F(ErofsKernelTest, ChunkHolesAgree) {
   ASSERT_OK(testing::BuildSmallTree(dir_.Sub("src")));
   for (bool blobdev : {false, true}) {

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <thread>
@@ -213,7 +214,7 @@ TEST_F(ErofsSmallImageTest, InfoReportsTheSuperblock) {
   const ImageInfo& info = image->info();
   EXPECT_EQ(info.uuid, "01234567-89ab-cdef-0123-456789abcdef");
   EXPECT_EQ(info.build_time, 1600000000u);
-  EXPECT_EQ(info.inode_count, 9u);  // root, dir, dir/inner, file, link, x0..x3
+  EXPECT_EQ(info.inode_count, 10u);  // root, dir, dir/inner, file, link, packed, x0..x3
   EXPECT_EQ(info.device_blocks, std::vector<uint64_t>{bytes.size() / 4096});
   EXPECT_TRUE(info.checksum_verified);
   ASSERT_OK_AND_ASSIGN(Inode root, image->Root());
@@ -257,6 +258,26 @@ TEST_F(ErofsSmallImageTest, LongXattrNamePrefixes) {
   ASSERT_OK_AND_ASSIGN(std::string shared, image->GetXattr(x3, "user.long.prefix.shared"));
   EXPECT_EQ(shared, "same on every x file");
   EXPECT_OK(WalkAll(*image));
+}
+
+TEST_F(ErofsSmallImageTest, LongXattrNamePrefixesInThePackedInode) {
+  ASSERT_OK_AND_ASSIGN(BuiltImage built, testing::MakePackedPrefixImage(Src(), dir_.path()));
+  OPEN_PATCHED(image, ReadAll(built.meta));
+  EXPECT_TRUE(image->info().feature_incompat & kIncompatFragments);
+  ASSERT_OK_AND_ASSIGN(Inode x0, image->LookupPath("/x0"));
+  ASSERT_OK_AND_ASSIGN(std::string v, image->GetXattr(x0, "trusted.overlay.p1"));
+  EXPECT_EQ(v, "v1");
+  ASSERT_OK_AND_ASSIGN(std::string shared, image->GetXattr(x0, "user.long.prefix.shared"));
+  EXPECT_EQ(shared, "same on every x file");
+
+  // A packed inode that is compressed names the feature.
+  std::string bytes = ReadAll(built.meta);
+  ASSERT_OK_AND_ASSIGN(Inode packed, image->GetInode(image->info().packed_nid));
+  uint16_t format = GetLe16(bytes, packed.meta_offset);
+  PutLe16(bytes, packed.meta_offset, static_cast<uint16_t>((format & ~0x0e) | (kLayoutCompressedFull << 1)));
+  Status s = OpenStatus(bytes);
+  EXPECT_EQ(s.code(), ENOTSUP);
+  EXPECT_THAT(s.ToString(), HasSubstr("compression (fragments in packed inode"));
 }
 
 TEST_F(ErofsSmallImageTest, BadLongPrefixTableIsRefused) {
@@ -303,7 +324,8 @@ TEST_F(ErofsSmallImageTest, ChunkHolesReadAsZeros) {
     ASSERT_OK_AND_ASSIGN(auto image, OpenImage(built));
     ASSERT_OK_AND_ASSIGN(Inode file, image->LookupPath("/file"));
     ASSERT_OK_AND_ASSIGN(std::string want, ReadFileToString(Src() + "/file"));
-    std::memset(want.data() + 4096, 0, 4096);
+    ASSERT_EQ(want.size(), 20000u);
+    want.replace(4096, 4096, 4096, '\0');
     std::string got(want.size(), 'x');
     ASSERT_OK_AND_ASSIGN(size_t n, image->Read(file, 0, std::span<char>(got)));
     EXPECT_EQ(n, want.size());
@@ -585,12 +607,12 @@ TEST_F(ErofsSmallImageTest, RefusesCorruptDirectories) {
   ASSERT_OK_AND_ASSIGN(Inode root, image->Root());
   ASSERT_OK_AND_ASSIGN(Inode dir, image->LookupPath("/dir"));
   const uint64_t data = testing::DirDataOffset(*image, root);
-  // Entries: ".", "..", "dir", "file", "link", "x0".."x3".
+  // Entries: ".", "..", "dir", "file", "link", "packed", "x0".."x3".
   const uint32_t names = GetLe16(good, data + 8);
-  ASSERT_EQ(names, 9u * 12);
+  ASSERT_EQ(names, 10u * 12);
   auto name_at = [&](const std::string& bytes, int i) {
     uint16_t off = GetLe16(bytes, data + 12 * i + 8);
-    return std::string_view(bytes).substr(data + off, i < 8 ? GetLe16(bytes, data + 12 * (i + 1) + 8) - off : 2);
+    return std::string_view(bytes).substr(data + off, i < 9 ? GetLe16(bytes, data + 12 * (i + 1) + 8) - off : 2);
   };
   ASSERT_EQ(name_at(good, 2), "dir");
   {
@@ -654,6 +676,33 @@ TEST_F(ErofsSmallImageTest, RefusesCorruptDirectories) {
   (void)dir;
 }
 
+TEST_F(ErofsSmallImageTest, WalkRefusesDirectoriesSharingBlocks) {
+  // Two directories large enough to need a full block each.
+  const std::string src = dir_.Sub("two-dirs");
+  for (const char* d : {"a", "b"}) {
+    ASSERT_OK(MakeDirs(StrCat(src, "/", d)));
+    for (int i = 0; i < 200; ++i) {
+      ASSERT_OK(WriteFileAtomic(StrCat(src, "/", d, "/entry-", i), "", false));
+    }
+  }
+  ASSERT_OK_AND_ASSIGN(BuiltImage built, MakeImage(src, dir_.path(), "two-dirs", {}, false));
+  std::string bytes = ReadAll(built.meta);
+  OPEN_PATCHED(image, bytes);
+  ASSERT_OK_AND_ASSIGN(Inode a, image->LookupPath("/a"));
+  ASSERT_OK_AND_ASSIGN(Inode b, image->LookupPath("/b"));
+  ASSERT_GT(a.size, 4096u);
+  ASSERT_OK(WalkAll(*image));
+  // /b's first block becomes /a's: each directory still reads alone, but a
+  // walk would parse that block twice.
+  PutLe32(bytes, b.meta_offset + 16, a.start_block);
+  OPEN_PATCHED(patched, bytes);
+  ASSERT_OK_AND_ASSIGN(Inode shared, patched->LookupPath("/b"));
+  EXPECT_EQ(shared.start_block, a.start_block);
+  Status s = WalkAll(*patched);
+  EXPECT_EQ(s.code(), EUCLEAN);
+  EXPECT_THAT(s.ToString(), HasSubstr("also belongs to another directory"));
+}
+
 TEST_F(ErofsSmallImageTest, RefusesChunkIndexesBeyondTheirDevice) {
   auto built = MakeImage(Src(), dir_.path(), "blob", {"--chunksize=4096"}, true);
   ASSERT_OK(built.status());
@@ -676,6 +725,21 @@ TEST_F(ErofsSmallImageTest, RefusesChunkIndexesBeyondTheirDevice) {
   // The chunks before the bad one still read.
   ASSERT_OK_AND_ASSIGN(size_t n, patched->Read(file, 0, std::span<char>(buf.data(), 3 * 4096)));
   EXPECT_EQ(n, 3u * 4096);
+}
+
+// With STRATA_EROFS_SEED_DIR set, writes the hand-patched images there:
+// that is how the committed fuzz seeds in tests/fuzz/seeds/ were made.
+TEST_F(ErofsSmallImageTest, WritesPatchedImagesAsFuzzSeedsWhenAsked) {
+  const char* out = std::getenv("STRATA_EROFS_SEED_DIR");
+  if (out == nullptr) return;
+  ASSERT_OK_AND_ASSIGN(BuiltImage prefix, testing::MakeLongPrefixImage(Src(), dir_.path()));
+  ASSERT_OK_AND_ASSIGN(BuiltImage packed, testing::MakePackedPrefixImage(Src(), dir_.path()));
+  ASSERT_OK_AND_ASSIGN(BuiltImage hole, testing::MakeChunkHoleImage(Src(), dir_.path(), false));
+  ASSERT_OK_AND_ASSIGN(BuiltImage hole_blob, testing::MakeChunkHoleImage(Src(), dir_.path(), true));
+  ASSERT_OK(WriteFileAtomic(StrCat(out, "/long-prefix.erofs"), ReadAll(prefix.meta), false));
+  ASSERT_OK(WriteFileAtomic(StrCat(out, "/packed-prefix.erofs"), ReadAll(packed.meta), false));
+  ASSERT_OK(WriteFileAtomic(StrCat(out, "/chunk-hole.erofs"), ReadAll(hole.meta), false));
+  ASSERT_OK(WriteFileAtomic(StrCat(out, "/chunk-hole-blob-meta.erofs"), ReadAll(hole_blob.meta), false));
 }
 
 // Random damage to the metadata must give errors, never crashes or hangs.

@@ -357,6 +357,10 @@ Result<TreeFeatures> BuildRichTree(const std::string& root) {
   return f;
 }
 
+namespace {
+std::string LongPrefixTable();
+}  // namespace
+
 Status BuildSmallTree(const std::string& root) {
   STRATA_RETURN_IF_ERROR(MakeDirs(root + "/dir"));
   STRATA_RETURN_IF_ERROR(WriteFile(root + "/file", strata::testing::RandomBytes(20000, 5)));
@@ -368,6 +372,7 @@ Status BuildSmallTree(const std::string& root) {
     STRATA_RETURN_IF_ERROR(SetXattr(path, "user.shared", "same on every x file"));
   }
   STRATA_RETURN_IF_ERROR(SetXattr(root + "/x0", "user.p1", "v1"));
+  STRATA_RETURN_IF_ERROR(WriteFile(root + "/packed", LongPrefixTable()));
   uint64_t counter = 0;
   return SetTimes(root, &counter);
 }
@@ -621,9 +626,27 @@ uint64_t DirDataOffset(const Image& image, const Inode& dir) {
   return uint64_t{dir.start_block} * blksz;
 }
 
-Result<BuiltImage> MakeLongPrefixImage(const std::string& src, const std::string& dir) {
-  STRATA_ASSIGN_OR_RETURN(BuiltImage built, MakeImage(src, dir, "long-prefix", {}, false));
-  std::string bytes = ReadAll(built.meta);
+namespace {
+
+// The long prefix table BuildSmallTree's /packed file holds, and that
+// MakeLongPrefixImage appends: trusted. + "overlay.", user. + "long.prefix.".
+std::string LongPrefixTable() {
+  std::string table;
+  for (const auto& [base, infix] : {std::pair<uint8_t, std::string>{kXattrIndexTrusted, "overlay."},
+                                    std::pair<uint8_t, std::string>{kXattrIndexUser, "long.prefix."}}) {
+    std::string entry(2, '\0');
+    PutLe16(entry, 0, static_cast<uint16_t>(1 + infix.size()));
+    entry.push_back(static_cast<char>(base));
+    entry += infix;
+    entry.resize((entry.size() + 3) / 4 * 4, '\0');
+    table += entry;
+  }
+  return table;
+}
+
+// Points /x0's inline "user.p1" at long prefix 0 and the shared
+// "user.shared" at long prefix 1.
+Status UseLongPrefixes(std::string& bytes) {
   STRATA_ASSIGN_OR_RETURN(auto image, Image::Open(MemorySource(bytes)));
   STRATA_ASSIGN_OR_RETURN(Inode x0, image->LookupPath("/x0"));
   const uint64_t blksz = image->info().block_size;
@@ -652,24 +675,44 @@ Result<BuiltImage> MakeLongPrefixImage(const std::string& src, const std::string
     return Error(EINVAL, "unexpected xattr layout in the mkfs.erofs image");
   }
   bytes[shared + 1] = static_cast<char>(kXattrLongPrefix | 1);
+  return OkStatus();
+}
 
-  // The prefix table goes into a new block at the end of the image.
-  const uint64_t table = bytes.size();
-  bytes.resize(bytes.size() + blksz, '\0');
-  uint64_t pos = table;
-  for (const auto& [base, infix] : {std::pair<uint8_t, std::string>{kXattrIndexTrusted, "overlay."},
-                                    std::pair<uint8_t, std::string>{kXattrIndexUser, "long.prefix."}}) {
-    PutLe16(bytes, pos, static_cast<uint16_t>(1 + infix.size()));
-    bytes[pos + 2] = static_cast<char>(base);
-    std::memcpy(bytes.data() + pos + 3, infix.data(), infix.size());
-    pos = (pos + 3 + infix.size() + 3) / 4 * 4;
-  }
+void SetPrefixTable(std::string& bytes, uint64_t start, uint32_t extra_incompat) {
   const uint64_t sb = kSuperOffset;
   bytes[sb + offsetof(SuperBlock, xattr_prefix_count)] = 2;
-  PutLe32(bytes, sb + offsetof(SuperBlock, xattr_prefix_start), static_cast<uint32_t>(table / 4));
+  PutLe32(bytes, sb + offsetof(SuperBlock, xattr_prefix_start), static_cast<uint32_t>(start / 4));
   PutLe32(bytes, sb + offsetof(SuperBlock, feature_incompat),
-          GetLe32(bytes, sb + offsetof(SuperBlock, feature_incompat)) | kIncompatXattrPrefixes);
-  PutLe32(bytes, sb + offsetof(SuperBlock, blocks_lo), static_cast<uint32_t>(bytes.size() / blksz));
+          GetLe32(bytes, sb + offsetof(SuperBlock, feature_incompat)) | kIncompatXattrPrefixes | extra_incompat);
+}
+
+}  // namespace
+
+Result<BuiltImage> MakeLongPrefixImage(const std::string& src, const std::string& dir) {
+  STRATA_ASSIGN_OR_RETURN(BuiltImage built, MakeImage(src, dir, "long-prefix", {}, false));
+  std::string bytes = ReadAll(built.meta);
+  STRATA_RETURN_IF_ERROR(UseLongPrefixes(bytes));
+  // The table goes into a new block at the end of the image.
+  const uint64_t blksz = 1ULL << static_cast<uint8_t>(bytes[kSuperOffset + offsetof(SuperBlock, blkszbits)]);
+  const uint64_t table = bytes.size();
+  std::string entries = LongPrefixTable();
+  bytes += entries;
+  bytes.resize(table + blksz, '\0');
+  SetPrefixTable(bytes, table, 0);
+  PutLe32(bytes, kSuperOffset + offsetof(SuperBlock, blocks_lo), static_cast<uint32_t>(bytes.size() / blksz));
+  FixChecksum(bytes);
+  WriteAll(built.meta, bytes);
+  return built;
+}
+
+Result<BuiltImage> MakePackedPrefixImage(const std::string& src, const std::string& dir) {
+  STRATA_ASSIGN_OR_RETURN(BuiltImage built, MakeImage(src, dir, "packed-prefix", {}, false));
+  std::string bytes = ReadAll(built.meta);
+  STRATA_ASSIGN_OR_RETURN(auto image, Image::Open(MemorySource(bytes)));
+  STRATA_ASSIGN_OR_RETURN(Inode packed, image->LookupPath("/packed"));
+  STRATA_RETURN_IF_ERROR(UseLongPrefixes(bytes));
+  PutLe64(bytes, kSuperOffset + offsetof(SuperBlock, packed_nid), packed.nid);
+  SetPrefixTable(bytes, 0, kIncompatFragments);
   FixChecksum(bytes);
   WriteAll(built.meta, bytes);
   return built;

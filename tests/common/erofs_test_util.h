@@ -33,7 +33,9 @@ struct TreeFeatures {
 // Parts that need privileges are skipped when they fail.
 Result<TreeFeatures> BuildRichTree(const std::string& root);
 
-// A small tree (a few files, one xattr each kind) for patching tests.
+// A small tree for patching tests: /dir/inner, /file (20000 bytes), /link,
+// /packed (a long xattr prefix table as file data), /x0../x3 with a shared
+// xattr, and an inline one on /x0.
 Status BuildSmallTree(const std::string& root);
 
 struct BuiltImage {
@@ -90,6 +92,10 @@ void FixChecksum(std::string& image);
 //   "user.shared" becomes "user.long.prefix.shared" (prefix 1);
 // - holes: with 4 KiB chunks, chunk 1 of /file becomes a hole.
 Result<BuiltImage> MakeLongPrefixImage(const std::string& src, const std::string& dir);
+// The same prefixes, with the table held in the data of a packed inode (the
+// FRAGMENTS feature bit and packed_nid, as mkfs.erofs 1.7 and 1.8 write
+// long prefixes): BuildSmallTree's /packed file.
+Result<BuiltImage> MakePackedPrefixImage(const std::string& src, const std::string& dir);
 Result<BuiltImage> MakeChunkHoleImage(const std::string& src, const std::string& dir, bool blobdev);
 
 // Byte offset of a directory's data when it is stored inline or in flat
