@@ -11,7 +11,7 @@
 #include "common/strings.h"
 #include "common/subprocess.h"
 
-namespace strata::layerctl::testing {
+namespace strata::testing {
 
 Result<CheckedImage> CheckImage(const std::string& meta, const std::string& blob, const std::string& scratch) {
   CheckedImage out;
@@ -25,7 +25,7 @@ Result<CheckedImage> CheckImage(const std::string& meta, const std::string& blob
   if (info.device_blocks.size() != 2 || info.device_blocks[1] * info.block_size != blob_source->size()) {
     return Error(EINVAL, StrCat("the device table does not give the blob's size (", blob_source->size(), " bytes)"));
   }
-  auto tree = strata::testing::SnapshotImage(*out.image);
+  auto tree = SnapshotImage(*out.image);
   if (!tree.ok()) return tree.status().Annotate("our reader walks the image");
   out.tree = std::move(*tree);
 
@@ -41,9 +41,9 @@ Result<CheckedImage> CheckImage(const std::string& meta, const std::string& blob
   {
     auto mnt = MountPoint::Mount(meta, at, "erofs", MS_RDONLY, "device=" + blob);
     if (!mnt.ok()) return mnt.status().Annotate("the kernel mounts the image");
-    auto kernel = strata::testing::SnapshotTree(at);
+    auto kernel = SnapshotTree(at);
     if (!kernel.ok()) return kernel.status().Annotate("walk the kernel mount");
-    auto diff = strata::testing::DiffTrees(out.tree, *kernel);
+    auto diff = DiffTrees(out.tree, *kernel);
     if (!diff.empty()) return Error(EINVAL, "the kernel and our reader disagree:\n" + Join(diff, "\n"));
   }
   ::rmdir(at.c_str());
@@ -51,4 +51,4 @@ Result<CheckedImage> CheckImage(const std::string& meta, const std::string& blob
   return out;
 }
 
-}  // namespace strata::layerctl::testing
+}  // namespace strata::testing

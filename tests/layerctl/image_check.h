@@ -9,11 +9,11 @@
 #include "common/status.h"
 #include "tests/testing/tree.h"
 
-namespace strata::layerctl::testing {
+namespace strata::testing {
 
 struct CheckedImage {
   std::unique_ptr<erofs::Image> image;  // open on the two files
-  strata::testing::TreeSnapshot tree;   // as the reader sees it
+  TreeSnapshot tree;                    // as the reader sees it
   bool kernel_checked = false;          // false when not root
 };
 
@@ -25,4 +25,4 @@ struct CheckedImage {
 // when this returns, whatever happened. An error says which check failed.
 Result<CheckedImage> CheckImage(const std::string& meta, const std::string& blob, const std::string& scratch);
 
-}  // namespace strata::layerctl::testing
+}  // namespace strata::testing

@@ -23,9 +23,8 @@
 namespace strata::testing {
 namespace {
 
-// Linux allows 255-byte names; mkfs.erofs 1.5 cuts them to 254. Until strata
-// writes its images itself, the rich tree stays within what mkfs keeps.
-constexpr size_t kLongestName = 254;
+// Linux's longest name (NAME_MAX); strata's image writer keeps it whole.
+constexpr size_t kLongestName = 255;
 
 Status Check(int rc, std::string_view what) {
   return rc == 0 ? OkStatus() : ErrnoError(errno, StrCat("rich tree: ", what));
