@@ -88,7 +88,9 @@ struct ImageSummary {
 class ImageWriter {
  public:
   struct Options {
-    uint32_t block_size = 4096;     // a power of two, 4096 to 65536
+    // A power of two, 4096 to 65536. The kernel mounts block sizes up to
+    // its page size (4 KiB on x86-64); fsck.erofs 1.5 knows 4 KiB only.
+    uint32_t block_size = 4096;
     uint32_t chunk_size = 1 << 20;  // a power of two, at least block_size
     std::string blob_path;          // created or truncated now
   };
