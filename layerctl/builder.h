@@ -23,8 +23,6 @@ struct BuildOptions {
   std::string name;
   std::vector<Digest128> parents;  // diffs: the stack below, bottom first
   uint32_t chunk_size = 1 << 20;
-  // Where a tar archive is unpacked; default: inside output_dir.
-  std::string staging_dir;
 };
 
 struct BuiltLayer {
@@ -34,10 +32,14 @@ struct BuiltLayer {
   uint64_t source_bytes = 0;  // bytes read from the input archive (0 for a directory)
 };
 
-// Builds the layer. Deterministic: the same tree (names, types, modes,
-// owners, mtimes, xattrs, contents) gives the same metadata image, blob and
-// digest, on any machine. Writes nothing into output_dir's final names
-// unless every step succeeded.
+// Builds the layer with the EROFS image writer (layerctl/erofs_writer.h):
+// a directory through a sorted walk (layerctl/dir_reader.h), an archive
+// streamed entry by entry (layerctl/tar_reader.h). Deterministic: the same
+// tree (names, types, modes, owners, mtimes, xattrs, contents) gives the
+// same metadata image, blob and digest, on any machine. Writes nothing into
+// output_dir's final names unless every step succeeded, and leaves no
+// temporary files behind on failure. output_dir must not lie inside a
+// source directory.
 Result<BuiltLayer> BuildLayer(const BuildOptions& options);
 
 // Reads DIR/manifest.json and checks that DIR's image files match it.

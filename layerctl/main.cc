@@ -70,15 +70,14 @@ int main(int argc, char** argv) {
   app.add_flag("--json", as_json, "print JSON for scripts");
 
   // build
-  auto* build = app.add_subcommand("build", "build a layer from a directory or a tar archive (plain, gzip, zstd; - for stdin)");
-  std::string src, out_dir, kind_text = "base", name, chunk_text = "1M", tag_text, staging;
+  auto* build = app.add_subcommand("build", "build a layer from a directory or a tar archive (plain, gzip, zstd, xz, bzip2; - for stdin)");
+  std::string src, out_dir, kind_text = "base", name, chunk_text = "1M", tag_text;
   build->add_option("SRC", src, "directory or tar archive")->required();
   build->add_option("-o,--output", out_dir, "write meta.img, blob.img and manifest.json here");
   build->add_option("--kind", kind_text, "base, workspace, toolkit or diff")->capture_default_str();
   build->add_option("--name", name, "layer name recorded in the manifest");
   build->add_option("--chunk-size", chunk_text, "EROFS chunk size, the largest extent")->capture_default_str();
   build->add_option("--tag", tag_text, "also push and tag as NAME:VERSION");
-  build->add_option("--staging", staging, "unpack archives here (default: inside the output directory)");
 
   auto* push = app.add_subcommand("push", "publish a built layer directory");
   std::string push_dir;
@@ -140,7 +139,7 @@ int main(int argc, char** argv) {
       out_dir = tmp->path();
     }
     layerctl::BuildOptions options{.source = src, .output_dir = out_dir, .kind = *kind, .name = name,
-                                   .chunk_size = static_cast<uint32_t>(*chunk), .staging_dir = staging};
+                                   .chunk_size = static_cast<uint32_t>(*chunk)};
     auto built = layerctl::BuildLayer(options);
     if (!built.ok()) return Fail(built.status());
     if (!to_tag) {

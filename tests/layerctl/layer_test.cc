@@ -17,6 +17,7 @@
 #include "layerctl/builder.h"
 #include "layerctl/gc.h"
 #include "layerctl/publish.h"
+#include "tests/layerctl/image_check.h"
 #include "tests/testing/faulty_store.h"
 #include "tests/testing/test_util.h"
 #include "tests/testing/tree.h"
@@ -74,9 +75,41 @@ TEST_F(LayerTest, KernelMountOfABuiltLayerIsIdenticalToTheSource) {
   ASSERT_OK_AND_ASSIGN(BuiltLayer layer, Build(src, dir_.Sub("layer")));
   EXPECT_GT(layer.manifest.extents.size(), 10u);
   EXPECT_GT(layer.manifest.bytes, 4ull << 30);  // the sparse file above 4 GiB
-  EXPECT_LT(layer.manifest.blob_size, 64ull << 20);  // zero chunks are stored once
+  EXPECT_LT(layer.manifest.blob_size, 64ull << 20);  // holes and zero chunks are not stored
   ASSERT_OK_AND_ASSIGN(MountPoint mnt, MountLayer(dir_.Sub("layer"), dir_.Sub("mnt")));
   ExpectSameTree(src, mnt.target());
+  // Our reader and fsck.erofs agree.
+  ASSERT_OK(testing::CheckImage(dir_.Sub("layer/meta.img"), dir_.Sub("layer/blob.img"), dir_.path()).status());
+}
+
+TEST_F(LayerTest, TarInputNeedsNoRootAndComesFromStdin) {
+  const std::string src = dir_.Sub("src");
+  ASSERT_OK(MakeDirs(src));
+  ASSERT_OK(testing::MakeRichTree(src, {.large_sparse_file = false, .wide_directory = false}));
+  ASSERT_OK(RemoveTree(src + "/dev/socket"));  // tar cannot carry sockets
+  const std::string tar = dir_.Sub("in.tar");
+  ASSERT_OK(RunChecked({.argv = {"tar", "--xattrs", "--xattrs-include=*", "--sparse", "--numeric-owner", "-C", src,
+                                 "-cf", tar, "."}},
+                       "tar")
+                .status());
+  ASSERT_OK_AND_ASSIGN(std::string raw, ReadFileToString(tar));
+  // An unprivileged builder: owners, devices and trusted.* xattrs are only
+  // recorded in the image, never created on a disk.
+  ASSERT_OK(MakeDirs(dir_.Sub("nobody")));
+  ASSERT_OK(RunChecked({.argv = {"chown", "nobody", dir_.Sub("nobody")}}, "chown").status());
+  ASSERT_EQ(::chmod(dir_.path().c_str(), 0755), 0);
+  ASSERT_OK_AND_ASSIGN(auto r, RunCommand({.argv = {"setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups",
+                                                    Tool(), "--store", "file://" + dir_.Sub("nobody/store"), "build",
+                                                    "-", "-o", dir_.Sub("nobody/layer"), "--name", "test"},
+                                           .stdin_data = raw}));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  ASSERT_OK_AND_ASSIGN(BuiltLayer layer, OpenLayerDir(dir_.Sub("nobody/layer")));
+  EXPECT_EQ(layer.manifest.source, HashBytes(raw).Hex());
+  ASSERT_OK_AND_ASSIGN(MountPoint mnt, MountLayer(dir_.Sub("nobody/layer"), dir_.Sub("mnt")));
+  ExpectSameTree(src, mnt.target());
+  // The same archive from a file gives the same layer.
+  ASSERT_OK_AND_ASSIGN(BuiltLayer from_file, Build(tar, dir_.Sub("from-file")));
+  EXPECT_EQ(from_file.digest, layer.digest);
 }
 
 TEST_F(LayerTest, TarInputGivesTheSameTree) {
@@ -254,7 +287,14 @@ TEST_F(LayerTest, BadInputIsAClearErrorAndPublishesNothing) {
   ASSERT_TRUE(r.ok());
   EXPECT_NE(r->exit_code, 0);
   EXPECT_NE(r->err.find("build layer from " + src), std::string::npos) << r->err;
+  EXPECT_NE(r->err.find("open " + src + "/sub/secret: Permission denied"), std::string::npos) << r->err;
   EXPECT_NE(::access(dir_.Sub("out-nobody/l/manifest.json").c_str(), F_OK), 0);
+  EXPECT_NE(::access(dir_.Sub("out-nobody/l/.blob.tmp").c_str(), F_OK), 0);  // no temporaries left
+
+  // An output directory inside the source would be read while written.
+  auto inside = BuildLayer({.source = src, .output_dir = src + "/sub/out"});
+  EXPECT_EQ(inside.status().code(), EINVAL);
+  EXPECT_NE(inside.status().ToString().find("lies inside the source"), std::string::npos);
 
   // A store that is down: the tag is not moved.
   ASSERT_OK(MakeDirs(dir_.Sub("ok")));

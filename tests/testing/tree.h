@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "common/erofs_reader.h"
+#include "common/hash.h"
 #include "common/status.h"
 
 namespace strata::testing {
@@ -54,6 +56,28 @@ struct SnapshotOptions {
 };
 
 Result<TreeSnapshot> SnapshotTree(const std::string& root, const SnapshotOptions& options = {});
+
+// The same snapshot of an EROFS image, read with strata's reader (hardlink
+// groups by nid, content through the reader with holes skipped), so tests
+// can hold a kernel mount against it.
+Result<TreeSnapshot> SnapshotImage(const erofs::Image& image, const SnapshotOptions& options = {});
+
+// NodeInfo::content_hash of a file's bytes, fed in order: runs of zeros
+// (holes or written zeros) count only by their length, so sparse and dense
+// copies of one content compare equal.
+class ContentHasher {
+ public:
+  void Update(std::string_view bytes);
+  void Zeros(uint64_t n) { zeros_ += n; }
+  std::string Finish();
+
+ private:
+  void FlushZeros();
+  Hasher hasher_;
+  uint64_t zeros_ = 0;
+};
+// The content hash of `bytes`.
+std::string ContentHash(std::string_view bytes);
 
 // Human-readable differences, at most `max` lines; empty when identical.
 std::vector<std::string> DiffTrees(const TreeSnapshot& want, const TreeSnapshot& got, size_t max = 20);
