@@ -125,7 +125,10 @@ json OciConfig(const ContainerConfig& c) {
   if (c.limits.pids > 0) resources["pids"] = {{"limit", c.limits.pids}};
 
   const json id_map = json::array({{{"containerID", c.idmap.container}, {"hostID", c.idmap.host}, {"size", c.idmap.size}}});
+  json annotations = json::object();
+  if (!c.seccomp_bpf_base64.empty()) annotations["run.oci.seccomp_bpf_data"] = c.seccomp_bpf_base64;
   return {
+      {"annotations", annotations},
       {"ociVersion", "1.0.2"},
       {"process",
        {

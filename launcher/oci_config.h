@@ -30,6 +30,10 @@ struct ContainerConfig {
   std::string agent_binary;           // host path, bind-mounted read-only at kAgentPath
   std::string agent_socket_dir;       // host dir, bind-mounted at kAgentSocketDir
   std::vector<std::string> env;       // the agent's (and its commands' default) environment
+  // The default profile compiled to BPF (base64), for runtimes that take it
+  // (crun's run.oci.seccomp_bpf_data); the profile stays in linux.seccomp
+  // for those that do not.
+  std::string seccomp_bpf_base64;
 };
 
 inline constexpr const char* kAgentPath = "/.strata/agent";

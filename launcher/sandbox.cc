@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <fstream>
 #include <random>
 #include <thread>
@@ -15,6 +16,7 @@
 #include "common/fs.h"
 #include "common/log.h"
 #include "common/strings.h"
+#include "launcher/seccomp.h"
 #include "lazyfs/client.h"
 
 namespace strata::launcher {
@@ -78,12 +80,11 @@ void RemoveCgroups(const std::string& relative) {
 }
 
 Status ReleaseLayers(lazyfs::Client& client, const std::string& holder, const std::vector<Digest128>& digests) {
-  Status first;
-  for (const auto& d : digests) {
-    auto r = client.Call("POST", "/v1/release", {{"digest", d.Hex()}, {"holder", holder}});
-    if (!r.ok() && r.status().code() != ENOENT && first.ok()) first = r.status().Annotate("release layer " + d.Hex());
-  }
-  return first;
+  json list = json::array();
+  for (const auto& d : digests) list.push_back(d.Hex());
+  auto r = client.Call("POST", "/v1/release", {{"digests", list}, {"holder", holder}});
+  if (!r.ok() && r.status().code() != ENOENT) return r.status().Annotate("release layers");
+  return OkStatus();
 }
 
 }  // namespace
@@ -129,7 +130,26 @@ Result<std::unique_ptr<Sandbox>> Sandbox::Create(const SandboxSpec& spec, const 
   return sb;
 }
 
+namespace {
+// Logs how long each step of a sandbox's life took (STRATA_LOG=debug).
+class StepTimer {
+ public:
+  explicit StepTimer(std::string id) : id_(std::move(id)), last_(std::chrono::steady_clock::now()) {}
+  void Step(const char* name) {
+    auto now = std::chrono::steady_clock::now();
+    STRATA_LOG(kDebug) << id_ << ": " << name << " "
+                       << std::chrono::duration<double, std::milli>(now - last_).count() << " ms";
+    last_ = now;
+  }
+
+ private:
+  std::string id_;
+  std::chrono::steady_clock::time_point last_;
+};
+}  // namespace
+
 Status Sandbox::Start(const SandboxSpec& spec) {
+  StepTimer timer(id_);
   if (node_.agent_binary.empty()) {
     return Error(ENOENT, "find strata-agent: not beside the launcher nor in /usr/local/lib/strata (set STRATA_AGENT)");
   }
@@ -146,34 +166,48 @@ Status Sandbox::Start(const SandboxSpec& spec) {
   STRATA_ASSIGN_OR_RETURN(auto store, cache::OpenStore(cache::DefaultStoreUrl(spec.store)));
   cache::Catalog catalog(store);
   STRATA_ASSIGN_OR_RETURN(stack_, catalog.ResolveStack(spec.layers));
+  timer.Step("resolve layers");
 
-  // 2. Each layer mounted once per node by lazyfs, idmapped for the node's range.
-  STRATA_RETURN_IF_ERROR(lazyfs::EnsureDaemon({node_.lazyfs_socket, node_.cache_dir, ""}));
+  // 2. Each layer mounted once per node by lazyfs, idmapped for the node's
+  //    range; the whole stack in one request (the daemon starts on first use).
+  json refs = json::array();
+  for (const auto& layer : stack_) refs.push_back(layer.digest.Hex());
+  const json acquire = {{"refs", refs}, {"store", store->url()}, {"holder", id_}, {"idmap", node_.idmap.ToString()}};
   lazyfs::Client lazyfs(node_.lazyfs_socket);
-  std::vector<std::string> lowers;  // top first, as overlayfs wants them
-  for (const auto& layer : stack_) {
-    auto r = lazyfs.Call("POST", "/v1/acquire",
-                         {{"ref", layer.digest.Hex()}, {"store", store->url()}, {"holder", id_}, {"idmap", node_.idmap.ToString()}});
-    if (!r.ok()) return r.status().Annotate("mount layer " + layer.digest.Hex());
-    held_.push_back(layer.digest);
-    state["layers"].push_back(layer.digest.Hex());
-    lowers.insert(lowers.begin(), (*r)["path"].get<std::string>());
-  }
+  // Recorded first: a launcher killed now leaves a sweep something to release.
+  state["layers"] = refs;
   STRATA_RETURN_IF_ERROR(WriteFileAtomic(dir_ + "/state.json", state.dump(), false));
+  auto acquired = lazyfs.Call("POST", "/v1/acquire", acquire);
+  if (!acquired.ok() && (acquired.status().code() == ECONNREFUSED || acquired.status().code() == ENOENT) &&
+      !lazyfs.Alive()) {
+    STRATA_RETURN_IF_ERROR(lazyfs::EnsureDaemon({node_.lazyfs_socket, node_.cache_dir, ""}));
+    acquired = lazyfs.Call("POST", "/v1/acquire", acquire);
+  }
+  if (!acquired.ok()) return acquired.status().Annotate("mount layers");
+  std::vector<std::string> lowers;  // top first, as overlayfs wants them
+  for (const auto& layer : (*acquired)["layers"]) {
+    held_.push_back(*Digest128::FromHex(layer["digest"].get<std::string>()));
+    lowers.insert(lowers.begin(), layer["path"].get<std::string>());
+  }
+  timer.Step("acquire layers from lazyfs");
 
   // 3. Writable space: a btrfs subvolume capped at --disk.
   STRATA_ASSIGN_OR_RETURN(UpperStore uppers, UpperStore::Open(node_.uppers));
   const uid_t root_uid = static_cast<uid_t>(node_.idmap.ToHost(0));
   STRATA_ASSIGN_OR_RETURN(UpperVolume volume, uppers.Create(id_, spec.disk, root_uid, root_uid));
   upper_.emplace(std::move(volume));
+  timer.Step("create upper volume");
 
   // 4. The overlay, on the host, so the layers' overlay whiteouts and opaque
   //    markers work; directories are copied up whole (no redirects, no
   //    metacopy), which keeps every upper self-contained for packdiff.
+  //    volatile: the upper dies with the sandbox, so no sync (and no btrfs
+  //    commit at unmount) is worth waiting for.
   STRATA_RETURN_IF_ERROR(MakeDirs(rootfs_, 0755));
   std::string options = StrCat("lowerdir=", Join(lowers, ":"), ",upperdir=", upper_->upper(), ",workdir=", upper_->work(),
-                               ",redirect_dir=off,metacopy=off,index=off");
+                               ",redirect_dir=off,metacopy=off,index=off,volatile");
   STRATA_ASSIGN_OR_RETURN(overlay_, MountPoint::Mount("overlay", rootfs_, "overlay", 0, options));
+  timer.Step("mount overlay");
 
   // 5. The bundle: the agent is init; its socket lives in dir/agent.
   if (::chown((dir_ + "/agent").c_str(), root_uid, root_uid) != 0) return ErrnoError(errno, "chown " + dir_ + "/agent");
@@ -188,7 +222,13 @@ Status Sandbox::Start(const SandboxSpec& spec) {
   config.agent_binary = node_.agent_binary;
   config.agent_socket_dir = dir_ + "/agent";
   config.env = {"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root"};
+  if (Basename(node_.runtime) == "crun") {
+    auto bpf = CompiledSeccompBase64(DefaultSeccompProfile(), JoinPath(Dirname(node_.run_dir), "seccomp"));
+    if (bpf.ok()) config.seccomp_bpf_base64 = std::move(*bpf);
+    else STRATA_LOG(kWarn) << "precompile seccomp profile: " << bpf.status().ToString() << "; crun compiles it";
+  }
   STRATA_RETURN_IF_ERROR(WriteFileAtomic(dir_ + "/config.json", OciConfig(config).dump(), false));
+  timer.Step("write bundle");
 
   // 6. The runtime, in the foreground of its own process: when the agent
   //    exits, `run` deletes the container and its cgroups itself.
@@ -211,6 +251,7 @@ Status Sandbox::Start(const SandboxSpec& spec) {
     }
     if (std::chrono::steady_clock::now() >= deadline) return ready;
   }
+  timer.Step("start runtime and agent");
   return OkStatus();
 }
 
@@ -244,6 +285,7 @@ void Sandbox::Interrupt() {
 Status Sandbox::Destroy() {
   if (destroyed_) return OkStatus();
   destroyed_ = true;
+  StepTimer timer(id_);
   Status first;
   auto note = [&](Status s) {
     if (!s.ok()) {
@@ -260,6 +302,7 @@ Status Sandbox::Destroy() {
       for (int i = 0; i < 2500 && runtime_->Running(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(2));
     }
     runtime_.reset();  // kills and reaps whatever is left of the runtime's group
+    timer.Step("stop runtime");
   }
   if (!id_.empty() && !dir_.empty()) {
     // `run` deletes the container when its init exits; if the runtime died
@@ -269,17 +312,22 @@ Status Sandbox::Destroy() {
     }
     RemoveCgroups(node_.cgroup_parent + "/" + id_);
   }
+  timer.Step("clean up runtime state");
   note(overlay_.Unmount());
+  timer.Step("unmount overlay");
   if (upper_) {
     note(upper_->Destroy());
     upper_.reset();
   }
+  timer.Step("delete upper volume");
   if (!held_.empty()) {
     lazyfs::Client lazyfs(node_.lazyfs_socket);
     note(ReleaseLayers(lazyfs, id_, held_));
     held_.clear();
   }
+  timer.Step("release layers");
   if (!dir_.empty()) note(RemoveTree(dir_));
+  timer.Step("remove directory");
   return first;
 }
 

@@ -445,6 +445,7 @@ HttpServer::Response Daemon::Handle(const HttpServer::Request& request) {
     return reply(json::object());
   }
   if (request.method == "POST" && request.path == "/v1/acquire") {
+    // "ref" (one layer) or "refs" (a stack, in one round trip): all or none.
     if (str("holder").empty()) return HttpServer::ErrorResponse(Error(EINVAL, "acquire: holder is required"));
     std::optional<IdMapping> idmap;
     if (!str("idmap").empty()) {
@@ -452,15 +453,42 @@ HttpServer::Response Daemon::Handle(const HttpServer::Request& request) {
       if (!m.ok()) return HttpServer::ErrorResponse(m.status());
       idmap = *m;
     }
-    auto h = Acquire(str("ref"), str("store"), str("holder"), idmap);
-    if (!h.ok()) return HttpServer::ErrorResponse(h.status());
-    return reply(json{{"digest", h->digest.Hex()}, {"path", h->path}});
+    std::vector<std::string> refs;
+    if (j.contains("refs") && j["refs"].is_array()) {
+      for (const auto& r : j["refs"]) refs.push_back(r.is_string() ? r.get<std::string>() : "");
+    } else {
+      refs.push_back(str("ref"));
+    }
+    json layers = json::array();
+    std::vector<Digest128> taken;
+    for (const auto& ref : refs) {
+      auto h = Acquire(ref, str("store"), str("holder"), idmap);
+      if (!h.ok()) {
+        for (const auto& d : taken) Release(d, str("holder")).IgnoreError();
+        return HttpServer::ErrorResponse(h.status());
+      }
+      taken.push_back(h->digest);
+      layers.push_back({{"digest", h->digest.Hex()}, {"path", h->path}});
+    }
+    json answer = layers.size() == 1 ? layers[0] : json::object();
+    answer["layers"] = layers;
+    return reply(answer);
   }
   if (request.method == "POST" && request.path == "/v1/release") {
-    auto digest = Digest128::FromHex(str("digest"));
-    if (!digest) return HttpServer::ErrorResponse(Error(EINVAL, "release: digest is not 32 hex digits"));
-    Status s = Release(*digest, str("holder"));
-    if (!s.ok()) return HttpServer::ErrorResponse(s);
+    // "digest" or "digests"; releasing what is not held is reported.
+    std::vector<std::string> digests;
+    if (j.contains("digests") && j["digests"].is_array()) {
+      for (const auto& d : j["digests"]) digests.push_back(d.is_string() ? d.get<std::string>() : "");
+    } else {
+      digests.push_back(str("digest"));
+    }
+    Status first;
+    for (const auto& text : digests) {
+      auto digest = Digest128::FromHex(text);
+      Status s = digest ? Release(*digest, str("holder")) : Error(EINVAL, "release: digest is not 32 hex digits");
+      if (!s.ok() && first.ok()) first = s;
+    }
+    if (!first.ok()) return HttpServer::ErrorResponse(first);
     return reply(json::object());
   }
   return HttpServer::ErrorResponse(Error(ENOENT, StrCat("lazyfs: no API ", request.method, " ", request.path)));

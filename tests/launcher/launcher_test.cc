@@ -75,6 +75,13 @@ class LauncherTest : public ::testing::Test {
   }
 
   void TearDown() override {
+    ExpectHostClean();
+    // Whatever a failed test left (a launcher it killed) is swept before the
+    // lazyfs daemon goes, so no mount outlives the test.
+    NodeConfig node = NodeConfig::FromEnvironment();
+    node.run_dir = dir_.Sub("run");
+    node.lazyfs_socket = dir_.Sub("lazyfs.sock");
+    SweepStaleSandboxes(node).IgnoreError();
     // Stop the lazyfs daemon the launcher started for this test.
     lazyfs::Client client(dir_.Sub("lazyfs.sock"));
     if (client.Alive()) {
@@ -85,7 +92,6 @@ class LauncherTest : public ::testing::Test {
         for (int i = 0; i < 500 && ::kill(pid, 0) == 0; ++i) std::this_thread::sleep_for(10ms);
       }
     }
-    ExpectHostClean();
   }
 
   Digest128 Publish(const std::string& src, const std::string& name, cache::LayerKind kind) {

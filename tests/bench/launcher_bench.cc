@@ -1,0 +1,164 @@
+// scripts/bench launcher: `launcher run ... -- sh -c 'echo hi'` against
+// `crun run` of the same command on a plain directory rootfs (same OCI
+// config: namespaces, user namespace, cgroups, seccomp), and against
+// `unshare --mount --pid --net --uts --ipc --fork chroot`, in one run.
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdio>
+
+#include "cache/catalog.h"
+#include "common/fs.h"
+#include "common/strings.h"
+#include "common/subprocess.h"
+#include "launcher/oci_config.h"
+#include "launcher/sandbox.h"
+#include "launcher/seccomp.h"
+#include "layerctl/builder.h"
+#include "layerctl/publish.h"
+#include "tests/bench/bench_util.h"
+
+namespace strata::bench {
+namespace {
+
+void Check(const Status& s) {
+  if (!s.ok()) {
+    std::fprintf(stderr, "launcher_bench: %s\n", s.ToString().c_str());
+    std::exit(1);
+  }
+}
+template <typename T>
+T Check(Result<T> r) {
+  Check(r.status());
+  return std::move(r).value();
+}
+
+Status MakeBusybox(const std::string& root) {
+  for (const char* d : {"bin", "proc", "sys", "dev", "tmp", "etc", "root"}) STRATA_RETURN_IF_ERROR(MakeDirs(root + "/" + d));
+  STRATA_RETURN_IF_ERROR(RunChecked({.argv = {"cp", "/bin/busybox", root + "/bin/busybox"}}, "copy busybox").status());
+  STRATA_ASSIGN_OR_RETURN(auto list, RunChecked({.argv = {"/bin/busybox", "--list"}}, "list applets"));
+  for (const auto& a : Split(list.out, '\n')) {
+    if (!a.empty() && a != "busybox") ::symlink("busybox", (root + "/bin/" + a).c_str());
+  }
+  return OkStatus();
+}
+
+std::string SelfDir() {
+  char buf[4096];
+  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
+  buf[n > 0 ? n : 0] = '\0';
+  return Dirname(buf);
+}
+
+struct Figures {
+  double p50_ms, p99_ms, per_second;
+};
+
+Figures Measure(int runs, const std::function<void(int)>& one) {
+  std::vector<double> ms;
+  auto start = Clock::now();
+  for (int i = 0; i < runs; ++i) {
+    auto t0 = Clock::now();
+    one(i);
+    ms.push_back(Seconds(Clock::now() - t0) * 1000);
+  }
+  double total = Seconds(Clock::now() - start);
+  return {Percentile(ms, 50), Percentile(ms, 99), runs / total};
+}
+
+void RunOk(SubprocessOptions o) {
+  auto r = RunCommand(std::move(o));
+  if (!r.ok() || !r->success() || r->out != "hi\n") {
+    std::fprintf(stderr, "launcher_bench: run failed: %s %s\n", r.ok() ? r->err.c_str() : r.status().ToString().c_str(),
+                 r.ok() ? r->out.c_str() : "");
+    std::exit(1);
+  }
+}
+
+}  // namespace
+}  // namespace strata::bench
+
+int main(int argc, char** argv) {
+  using namespace strata;
+  using namespace strata::bench;
+  const int runs = argc > 1 ? std::atoi(argv[1]) : 200;
+  TempDir dir = Check(TempDir::Create("strata-bench"));
+  Check(::chmod(dir.path().c_str(), 0711) == 0 ? OkStatus() : ErrnoError(errno, "chmod"));
+  const std::string tree = dir.Sub("busybox");
+  Check(MakeBusybox(tree));
+  const std::string store = "file://" + dir.Sub("store");
+  auto built = Check(layerctl::BuildLayer({.source = tree, .output_dir = dir.Sub("layer"), .name = "busybox"}));
+  cache::Catalog catalog(Check(cache::OpenStore(store)));
+  Check(layerctl::Push(built, catalog, cache::LayerRef{"bench", "1"}).status());
+
+  const std::string launcher = SelfDir() + "/../../launcher/launcher";
+  const std::vector<std::string> env = {"STRATA_STORE=" + store, "STRATA_LAZYFS_SOCKET=" + dir.Sub("lazyfs.sock"),
+                                        "STRATA_CACHE=" + dir.Sub("cache"), "STRATA_RUN_DIR=" + dir.Sub("run")};
+  const std::vector<std::string> cmd = {"sh", "-c", "echo hi"};
+
+  // Warm: the layer mounted by lazyfs, crun's binary in the page cache.
+  for (int i = 0; i < 3; ++i) {
+    std::vector<std::string> args = {launcher, "run", "--layer", "bench:1", "--"};
+    args.insert(args.end(), cmd.begin(), cmd.end());
+    RunOk({.argv = args, .env = env});
+  }
+  Figures ours = Measure(runs, [&](int) {
+    std::vector<std::string> args = {launcher, "run", "--layer", "bench:1", "--"};
+    args.insert(args.end(), cmd.begin(), cmd.end());
+    RunOk({.argv = args, .env = env});
+  });
+
+  // crun on a plain directory, with the sandbox's own OCI config minus the agent.
+  launcher::ContainerConfig c;
+  c.rootfs = tree;
+  c.hostname = "bench";
+  c.cgroup_path = "/strata/bench";
+  c.agent_binary = "/bin/true";
+  c.agent_socket_dir = dir.path();
+  c.env = {"PATH=/bin"};
+  auto config = launcher::OciConfig(c);
+  config["process"]["args"] = cmd;
+  auto& mounts = config["mounts"];
+  for (auto it = mounts.begin(); it != mounts.end();) {
+    std::string d = (*it)["destination"];
+    it = d.starts_with("/.strata") ? mounts.erase(it) : it + 1;
+  }
+  // As crun users run it: crun compiles the seccomp profile every time.
+  Check(MakeDirs(dir.Sub("bundle")));
+  Check(WriteFileAtomic(dir.Sub("bundle/config.json"), config.dump()));
+  Figures crun = Measure(runs, [&](int i) {
+    RunOk({.argv = {"crun", "run", "--bundle", dir.Sub("bundle"), StrCat("bench-", ::getpid(), "-", i)}});
+  });
+  // With the profile precompiled, as strata hands it to crun.
+  config["annotations"]["run.oci.seccomp_bpf_data"] =
+      Check(launcher::CompileSeccomp(launcher::DefaultSeccompProfile()));
+  Check(MakeDirs(dir.Sub("bundle-bpf")));
+  Check(WriteFileAtomic(dir.Sub("bundle-bpf/config.json"), config.dump()));
+  Figures crun_bpf = Measure(runs, [&](int i) {
+    RunOk({.argv = {"crun", "run", "--bundle", dir.Sub("bundle-bpf"), StrCat("bench-bpf-", ::getpid(), "-", i)}});
+  });
+
+  Figures unshare = Measure(runs, [&](int) {
+    std::vector<std::string> args = {"unshare", "--mount", "--pid", "--net", "--uts", "--ipc", "--fork", "chroot", tree};
+    args.insert(args.end(), cmd.begin(), cmd.end());
+    RunOk({.argv = args});
+  });
+
+  // Stop the lazyfs daemon this run started, and wait until its mounts are gone.
+  RunCommand({.argv = {"pkill", "-TERM", "-f", "lazyfs daemon --socket " + dir.Sub("lazyfs.sock")}}).status().IgnoreError();
+  for (int i = 0; i < 500 && RunCommand({.argv = {"pgrep", "-f", "lazyfs daemon --socket " + dir.Sub("lazyfs.sock")}})->success(); ++i) {
+    ::usleep(10000);
+  }
+
+  Table table({"measure", "p50 ms", "p99 ms", "sandboxes/s", "p50 ratio to crun run"});
+  auto row = [&](const char* name, const Figures& f) {
+    table.Add({name, Fixed(f.p50_ms, 1), Fixed(f.p99_ms, 1), Fixed(f.per_second, 1), Fixed(f.p50_ms / crun.p50_ms, 2)});
+  };
+  row("launcher run -- sh -c 'echo hi'", ours);
+  row("crun run (plain dir, same config; crun compiles seccomp)", crun);
+  row("crun run (plain dir, same config, seccomp precompiled)", crun_bpf);
+  row("unshare ... chroot", unshare);
+  std::printf("%d runs each, one at a time; target: launcher p50 ratio <= 1.3\n", runs);
+  table.Print();
+  return 0;
+}
