@@ -131,6 +131,10 @@ struct Transfer {
       response->body.append(data, keep);
       return true;
     }
+    if (request->sink) {
+      response->out_bytes += n;
+      return request->sink(std::string_view(data, n));
+    }
     if (request->out.empty()) {
       response->body.append(data, n);
       return true;

@@ -76,6 +76,10 @@ struct HttpRequest {
   std::string aws_sigv4;
   std::string access_key;
   std::string secret_key;
+  // When set, a 2xx body is handed to it piece by piece as it arrives (a
+  // streamed answer) instead of being collected; returning false cuts the
+  // transfer. Use with attempts = 1: a retry would replay the pieces.
+  std::function<bool(std::string_view)> sink;
   // Called on every 2xx answer; an error makes the attempt count as failed
   // (retried like a broken connection): for answers that are well-formed
   // HTTP but not what was asked for, such as a wrong Content-Range.

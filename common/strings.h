@@ -35,6 +35,10 @@ std::string HexEncode(std::span<const uint8_t> bytes);
 // Decodes lowercase or uppercase hex; nullopt on odd length or a non-hex digit.
 std::optional<std::vector<uint8_t>> HexDecode(std::string_view hex);
 
+// RFC 4648 base64 with padding. Decode returns nullopt on bad input.
+std::string Base64Encode(std::string_view in);
+std::optional<std::string> Base64Decode(std::string_view in);
+
 // Splits on `sep`; empty pieces are kept.
 std::vector<std::string> Split(std::string_view s, char sep);
 std::string Join(const std::vector<std::string>& parts, std::string_view sep);

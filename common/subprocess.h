@@ -63,6 +63,8 @@ class Subprocess {
   void Kill(int sig);
   // Whether the child still runs (reaps it, keeping its status for Wait()).
   bool Running();
+  // Lets the child run on without this object (no kill on destruction).
+  void Detach() { pid_ = -1; }
 
  private:
   Subprocess() = default;

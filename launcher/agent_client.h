@@ -31,6 +31,7 @@ struct ExecResult {
   uint64_t stdout_bytes = 0, stderr_bytes = 0;
   bool stdout_truncated = false, stderr_truncated = false;
   int64_t duration_ms = 0;
+  bool oom_killed = false;  // set by the launcher (the kernel's OOM killer ended it)
 };
 
 // Called with each piece of output as it arrives: 1 = stdout, 2 = stderr.

@@ -1,5 +1,8 @@
-// launcher: compose layers and run sandboxes.
+// launcher: compose layers into sandboxes and run commands in them; the
+// node daemon and its client verbs.
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -8,16 +11,21 @@
 #include <iostream>
 #include <thread>
 
+#include "common/fs.h"
 #include "common/log.h"
 #include "common/strings.h"
 #include "common/units.h"
+#include "launcher/client.h"
 #include "launcher/doctor.h"
+#include "launcher/manager.h"
 #include "launcher/sandbox.h"
+#include "launcher/server.h"
 
 namespace {
 
 using namespace strata;
 using namespace strata::launcher;
+using nlohmann::json;
 
 int Fail(const Status& s) {
   std::fprintf(stderr, "launcher: %s\n", s.ToString().c_str());
@@ -33,66 +41,146 @@ void WriteAll(int fd, std::string_view bytes) {
   }
 }
 
-int Run(const SandboxSpec& spec, const NodeConfig& node, ExecRequest request, bool verbose) {
-  const uint64_t cap = request.stdout_cap;
-  SweepStaleSandboxes(node).IgnoreError();
-  // SIGINT/SIGTERM end the sandbox (and everything in it) cleanly.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGHUP);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-  ::signal(SIGPIPE, SIG_IGN);
-  std::atomic<int> caught{0};
-  std::atomic<Sandbox*> live{nullptr};
-  std::thread watcher([&] {
-    int sig = 0;
-    sigwait(&signals, &sig);
-    caught = sig;
-    if (Sandbox* sb = live.load()) sb->Interrupt();
-  });
-  watcher.detach();
+void Print(int stream, std::string_view bytes) { WriteAll(stream == 1 ? STDOUT_FILENO : STDERR_FILENO, bytes); }
 
-  auto sandbox = Sandbox::Create(spec, node);
-  if (!sandbox.ok()) return caught ? 128 + caught : Fail(sandbox.status());
-  live = sandbox->get();
-  if (caught) (*sandbox)->Interrupt();
-  if (verbose) {
-    for (const auto& l : (*sandbox)->layers()) {
-      std::fprintf(stderr, "launcher: layer %s %s %s\n", l.digest.Hex().c_str(),
-                   std::string(cache::LayerKindName(l.manifest.kind)).c_str(), l.manifest.name.c_str());
-    }
-    std::fprintf(stderr, "launcher: sandbox %s\n", (*sandbox)->id().c_str());
+// The exit code of DESIGN.md for a finished command, with the notices.
+int Report(const ExecResult& r, uint64_t cap, uint64_t memory) {
+  if (r.stdout_truncated) {
+    std::fprintf(stderr, "launcher: stdout cut at %s (the command wrote %s)\n", FormatBytes(cap).c_str(), FormatBytes(r.stdout_bytes).c_str());
   }
-  auto result = (*sandbox)->Exec(std::move(request), [](int stream, std::string_view bytes) {
-    WriteAll(stream == 1 ? STDOUT_FILENO : STDERR_FILENO, bytes);
-  });
-  bool oom = result.ok() && result->signal == SIGKILL && !result->timed_out && (*sandbox)->OomKilled();
-  live = nullptr;
-  Status destroyed = (*sandbox)->Destroy();
-  if (!destroyed.ok()) std::fprintf(stderr, "launcher: cleanup: %s\n", destroyed.ToString().c_str());
-  if (caught) return 128 + caught;
-  if (!result.ok()) return Fail(result.status());
-  if (result->stdout_truncated) {
-    std::fprintf(stderr, "launcher: stdout cut at %s (the command wrote %s)\n", FormatBytes(cap).c_str(),
-                 FormatBytes(result->stdout_bytes).c_str());
+  if (r.stderr_truncated) {
+    std::fprintf(stderr, "launcher: stderr cut at %s (the command wrote %s)\n", FormatBytes(cap).c_str(), FormatBytes(r.stderr_bytes).c_str());
   }
-  if (result->stderr_truncated) {
-    std::fprintf(stderr, "launcher: stderr cut at %s (the command wrote %s)\n", FormatBytes(cap).c_str(),
-                 FormatBytes(result->stderr_bytes).c_str());
-  }
-  if (result->timed_out) {
+  if (r.timed_out) {
     std::fprintf(stderr, "launcher: timed out; the command and everything it started were killed\n");
     return 124;
   }
-  if (oom) {
+  if (r.oom_killed) {
     std::fprintf(stderr, "launcher: out of memory (limit %s): the kernel killed the command\n",
-                 FormatBytes(spec.limits.memory).c_str());
+                 memory ? FormatBytes(memory).c_str() : "none set");
     return 137;
   }
-  if (result->signal) return 128 + result->signal;
-  return result->exit_code;
+  if (r.signal) return 128 + r.signal;
+  return r.exit_code;
+}
+
+json SpecJson(const SandboxSpec& s) {
+  return {{"layers", s.layers}, {"store", s.store}, {"backend", s.backend}, {"cpus", s.limits.cpus},
+          {"memory", s.limits.memory}, {"pids", s.limits.pids}, {"disk", s.disk},
+          {"network", s.host_network ? "host" : "none"}, {"env", s.env}, {"workdir", s.workdir}};
+}
+
+json ExecJson(const ExecRequest& r) {
+  json j = {{"argv", r.argv}, {"env", r.env}, {"cwd", r.cwd}, {"output_cap", r.stdout_cap},
+            {"timeout", std::chrono::duration<double>(r.timeout).count()}};
+  if (r.stdin_data) j["stdin"] = Base64Encode(*r.stdin_data);
+  return j;
+}
+
+void PrintLayers(const json& info) {
+  for (const auto& l : info.value("layers", json::array())) {
+    std::fprintf(stderr, "launcher: layer %s %s %s\n", l.value("digest", "").c_str(), l.value("kind", "").c_str(),
+                 l.value("name", "").c_str());
+  }
+  std::fprintf(stderr, "launcher: sandbox %s\n", info.value("id", "").c_str());
+}
+
+// SIGINT/SIGTERM/SIGHUP end the sandbox cleanly: `on_signal` runs once.
+class SignalWatch {
+ public:
+  explicit SignalWatch(std::function<void()> on_signal) {
+    sigemptyset(&set_);
+    for (int s : {SIGINT, SIGTERM, SIGHUP}) sigaddset(&set_, s);
+    pthread_sigmask(SIG_BLOCK, &set_, nullptr);
+    ::signal(SIGPIPE, SIG_IGN);
+    std::thread([this, f = std::move(on_signal)] {
+      int sig = 0;
+      sigwait(&set_, &sig);
+      caught_ = sig;
+      f();
+    }).detach();
+  }
+  int caught() const { return caught_; }
+
+ private:
+  sigset_t set_;
+  std::atomic<int> caught_{0};
+};
+
+// `launcher run` without a daemon: everything in this process.
+int RunHere(const SandboxSpec& spec, const NodeConfig& node, ExecRequest request, bool verbose) {
+  SweepStaleSandboxes(node).IgnoreError();
+  std::atomic<Sandbox*> live{nullptr};
+  SignalWatch signals([&] {
+    if (Sandbox* sb = live.load()) sb->Interrupt();
+  });
+  auto sandbox = Sandbox::Create(spec, node);
+  if (!sandbox.ok()) return signals.caught() ? 128 + signals.caught() : Fail(sandbox.status());
+  live = sandbox->get();
+  if (signals.caught()) (*sandbox)->Interrupt();
+  if (verbose) PrintLayers((*sandbox)->Info());
+  const uint64_t cap = request.stdout_cap;
+  auto result = (*sandbox)->Exec(std::move(request), Print);
+  if (result.ok() && result->signal == SIGKILL && !result->timed_out) result->oom_killed = (*sandbox)->OomKilled();
+  live = nullptr;
+  Status destroyed = (*sandbox)->Destroy();
+  if (!destroyed.ok()) std::fprintf(stderr, "launcher: cleanup: %s\n", destroyed.ToString().c_str());
+  if (signals.caught()) return 128 + signals.caught();
+  if (!result.ok()) return Fail(result.status());
+  return Report(*result, cap, spec.limits.memory);
+}
+
+// `launcher run` through the daemon: create, exec, destroy.
+int RunThroughDaemon(LauncherClient& client, const SandboxSpec& spec, const ExecRequest& request, bool verbose) {
+  std::atomic<bool> created{false};
+  std::string id;
+  std::mutex mu;
+  SignalWatch signals([&] {
+    std::lock_guard lock(mu);
+    if (created) client.Destroy(id).IgnoreError();  // ends the exec below
+  });
+  auto info = client.Create(SpecJson(spec));
+  if (!info.ok()) return signals.caught() ? 128 + signals.caught() : Fail(info.status());
+  {
+    std::lock_guard lock(mu);
+    id = (*info)["id"].get<std::string>();
+    created = true;
+  }
+  if (verbose) PrintLayers(*info);
+  auto result = signals.caught() ? Result<ExecResult>(Error(EINTR, "interrupted")) : client.Exec(id, ExecJson(request), Print);
+  Status destroyed = client.Destroy(id);
+  if (!destroyed.ok() && destroyed.code() != ENOENT) std::fprintf(stderr, "launcher: cleanup: %s\n", destroyed.ToString().c_str());
+  if (signals.caught()) return 128 + signals.caught();
+  if (!result.ok()) return Fail(result.status());
+  return Report(*result, request.stdout_cap, spec.limits.memory);
+}
+
+int Serve(const ServeOptions& options, const NodeConfig& node) {
+  sigset_t signals;
+  sigemptyset(&signals);
+  for (int s : {SIGINT, SIGTERM, SIGHUP}) sigaddset(&signals, s);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  ::signal(SIGPIPE, SIG_IGN);
+  SweepStaleSandboxes(node).IgnoreError();
+  auto manager = SandboxManager::Open(node, options.state_dir);
+  if (!manager.ok()) return Fail(manager.status());
+  std::fprintf(stderr, "launcher: re-adopted %d sandboxes, removed %d\n", (*manager)->recovery().adopted,
+               (*manager)->recovery().removed);
+  auto server = LauncherServer::Start(options, **manager);
+  if (!server.ok()) return Fail(server.status());
+  std::fprintf(stderr, "launcher: serving on %s\n", options.socket_path.c_str());
+  int sig = 0;
+  sigwait(&signals, &sig);
+  std::fprintf(stderr, "launcher: signal %d: stopping (sandboxes keep running; a restart re-adopts them)\n", sig);
+  server->reset();
+  return 0;
+}
+
+// "ID:/path" -> (id, path); a plain path -> ("", path).
+std::pair<std::string, std::string> SplitCopyArg(const std::string& arg) {
+  size_t colon = arg.find(':');
+  if (colon != std::string::npos && arg.starts_with("sb-")) return {arg.substr(0, colon), arg.substr(colon + 1)};
+  return {"", arg};
 }
 
 }  // namespace
@@ -105,26 +193,41 @@ int main(int argc, char** argv) {
   NodeConfig node = NodeConfig::FromEnvironment();
   SandboxSpec spec;
   ExecRequest request;
-  std::string memory, disk = "10G", timeout, runtime, net = "none", output_cap = "1M";
+  std::string memory, disk = "10G", timeout, runtime, net = "none", output_cap = "1M", token_file;
+  std::string socket = std::getenv("STRATA_LAUNCHER_SOCKET") ? std::getenv("STRATA_LAUNCHER_SOCKET") : kDefaultLauncherSocket;
   double cpus = 0;
   int64_t pids = 0;
-  bool verbose = false;
+  bool verbose = false, with_stdin = false, as_json = false, no_daemon = false;
   std::vector<std::string> command;
 
+  auto sandbox_flags = [&](CLI::App* c) {
+    c->add_option("--store", spec.store, "store URL (default: $STRATA_STORE, else /var/lib/strata/store)");
+    c->add_option("--layer", spec.layers, "layer REF, bottom first (a diff alone brings its parents)")->required();
+    c->add_option("--backend", spec.backend, "container or fncall")->capture_default_str();
+    c->add_option("--cpus", cpus, "CPU quota in cores (shares follow)");
+    c->add_option("--memory", memory, "memory limit, e.g. 512M");
+    c->add_option("--pids", pids, "process limit");
+    c->add_option("--disk", disk, "size cap of the writable layer")->capture_default_str();
+    c->add_option("--net", net, "none (loopback only) or host")->capture_default_str();
+    c->add_option("--runtime", runtime, "OCI runtime (default crun, or $STRATA_RUNTIME)");
+    c->add_option("--env", spec.env, "K=V for commands");
+    c->add_option("--workdir", spec.workdir, "working directory of commands")->capture_default_str();
+    c->add_flag("-v,--verbose", verbose, "print the resolved layer digests and the sandbox id");
+  };
+  auto exec_flags = [&](CLI::App* c) {
+    c->add_option("--timeout", timeout, "kill the command (and all it started) after this long: exit 124");
+    c->add_option("--output-cap", output_cap, "bytes kept of each of stdout and stderr")->capture_default_str();
+  };
+  auto client_flags = [&](CLI::App* c) {
+    c->add_option("--socket", socket, "launcher daemon socket")->capture_default_str();
+    c->add_option("--token-file", token_file, "file holding the API token");
+  };
+
   auto* run = app.add_subcommand("run", "run one command in a fresh sandbox and remove it");
-  run->add_option("--store", spec.store, "store URL (default: $STRATA_STORE, else /var/lib/strata/store)");
-  run->add_option("--layer", spec.layers, "layer REF, bottom first (a diff alone brings its parents)")->required();
-  run->add_option("--cpus", cpus, "CPU quota in cores (shares follow)");
-  run->add_option("--memory", memory, "memory limit, e.g. 512M");
-  run->add_option("--pids", pids, "process limit");
-  run->add_option("--disk", disk, "size cap of the writable layer")->capture_default_str();
-  run->add_option("--timeout", timeout, "kill the command (and all it started) after this long: exit 124");
-  run->add_option("--env", spec.env, "K=V for the command");
-  run->add_option("--workdir", spec.workdir, "working directory of the command")->capture_default_str();
-  run->add_option("--net", net, "none (loopback only) or host")->capture_default_str();
-  run->add_option("--runtime", runtime, "OCI runtime (default crun, or $STRATA_RUNTIME)");
-  run->add_option("--output-cap", output_cap, "bytes kept of each of stdout and stderr")->capture_default_str();
-  run->add_flag("-v,--verbose", verbose, "print the resolved layer digests and the sandbox id");
+  sandbox_flags(run);
+  exec_flags(run);
+  client_flags(run);
+  run->add_flag("--no-daemon", no_daemon, "do everything in this process even when a daemon listens");
   run->footer("Command: launcher run [options] -- CMD [ARG ...]");
 
   auto* doctor = app.add_subcommand("doctor", "check (and with --fix repair) what sandboxes need");
@@ -132,6 +235,49 @@ int main(int argc, char** argv) {
   std::string uppers_size = "64G";
   doctor->add_flag("--fix", fix, "repair what can be repaired safely");
   doctor->add_option("--uppers-size", uppers_size, "size of the loop-file btrfs --fix creates for uppers")->capture_default_str();
+
+  ServeOptions serve_options;
+  auto* serve = app.add_subcommand("serve", "run the node daemon (API on a unix socket) in the foreground");
+  serve->add_option("--socket", serve_options.socket_path, "socket")->capture_default_str();
+  serve->add_option("--state", serve_options.state_dir, "state directory (LMDB registry)")->capture_default_str();
+  serve->add_option("--allow-group", serve_options.allow_group, "also allow members of this group");
+  serve->add_option("--token-file", token_file, "also allow callers presenting the token in this file");
+
+  auto* create = app.add_subcommand("create", "create a sandbox through the daemon; prints its id");
+  sandbox_flags(create);
+  client_flags(create);
+  std::string id;
+  auto* exec = app.add_subcommand("exec", "run a command in a sandbox; exits with its code");
+  exec->add_option("ID", id, "sandbox id")->required();
+  exec->add_option("--env", request.env, "K=V for the command");
+  exec->add_option("--workdir", request.cwd, "working directory")->capture_default_str();
+  exec->add_flag("-i,--stdin", with_stdin, "pass this process's stdin to the command");
+  exec_flags(exec);
+  client_flags(exec);
+  exec->footer("Command: launcher exec ID [options] -- CMD [ARG ...]");
+  std::string src, dst;
+  auto* cp = app.add_subcommand("cp", "copy a file into or out of a sandbox (ID:/path)");
+  cp->add_option("SRC", src, "file or ID:/path")->required();
+  cp->add_option("DST", dst, "file or ID:/path")->required();
+  client_flags(cp);
+  std::string tag;
+  auto* pause = app.add_subcommand("pause", "freeze every process of a sandbox");
+  pause->add_option("ID", id)->required();
+  client_flags(pause);
+  auto* resume = app.add_subcommand("resume", "thaw a paused sandbox");
+  resume->add_option("ID", id)->required();
+  client_flags(resume);
+  auto* snapshot = app.add_subcommand("snapshot", "capture a sandbox's changes as a diff layer");
+  snapshot->add_option("ID", id)->required();
+  snapshot->add_option("--tag", tag, "NAME:VERSION")->required();
+  client_flags(snapshot);
+  auto* destroy = app.add_subcommand("destroy", "remove a sandbox and everything it made");
+  destroy->add_option("ID", id)->required();
+  client_flags(destroy);
+  auto* ls = app.add_subcommand("ls", "list the daemon's sandboxes");
+  ls->add_flag("--json", as_json, "print JSON");
+  client_flags(ls);
+
   // Everything after the first `--` is the command, untouched by option parsing.
   for (int i = 1; i < argc; ++i) {
     if (std::string_view(argv[i]) == "--") {
@@ -141,6 +287,14 @@ int main(int argc, char** argv) {
     }
   }
   CLI11_PARSE(app, argc, argv);
+
+  std::string token;
+  if (!token_file.empty()) {
+    auto t = ReadFileToString(token_file);
+    if (!t.ok()) return Fail(t.status().Annotate("--token-file"));
+    token = *t;
+    while (!token.empty() && (token.back() == '\n' || token.back() == ' ')) token.pop_back();
+  }
 
   if (doctor->parsed()) {
     DoctorOptions options;
@@ -155,6 +309,10 @@ int main(int argc, char** argv) {
     }
     if (fix) SweepStaleSandboxes(node).IgnoreError();
     return all_ok ? 0 : 1;
+  }
+  if (serve->parsed()) {
+    serve_options.token = token;
+    return Serve(serve_options, node);
   }
 
   if (!runtime.empty()) node.runtime = runtime;
@@ -178,9 +336,81 @@ int main(int argc, char** argv) {
     if (!t.ok()) return Fail(t.status().Annotate("--timeout"));
     request.timeout = *t;
   }
-  if (command.empty()) return Fail(Error(EINVAL, "run: no command given (launcher run [options] -- CMD [ARG ...])"));
-  request.argv = command;
-  request.env = spec.env;
-  request.cwd = spec.workdir;
-  return Run(spec, node, request, verbose);
+  // The daemon has its own environment: send the caller's store.
+  if (spec.store.empty() && std::getenv("STRATA_STORE")) spec.store = std::getenv("STRATA_STORE");
+  LauncherClient client(socket, token);
+
+  if (run->parsed()) {
+    if (command.empty()) return Fail(Error(EINVAL, "run: no command given (launcher run [options] -- CMD [ARG ...])"));
+    request.argv = command;
+    request.env = spec.env;
+    request.cwd = spec.workdir;
+    if (!no_daemon && client.Alive()) return RunThroughDaemon(client, spec, request, verbose);
+    return RunHere(spec, node, request, verbose);
+  }
+  if (create->parsed()) {
+    auto info = client.Create(SpecJson(spec));
+    if (!info.ok()) return Fail(info.status());
+    if (verbose) PrintLayers(*info);
+    std::printf("%s\n", (*info)["id"].get<std::string>().c_str());
+    return 0;
+  }
+  if (exec->parsed()) {
+    if (command.empty()) return Fail(Error(EINVAL, "exec: no command given (launcher exec ID -- CMD [ARG ...])"));
+    request.argv = command;
+    if (with_stdin) {
+      std::string in;
+      char buf[65536];
+      ssize_t n;
+      while ((n = ::read(STDIN_FILENO, buf, sizeof buf)) > 0) in.append(buf, static_cast<size_t>(n));
+      request.stdin_data = std::move(in);
+    }
+    auto result = client.Exec(id, ExecJson(request), Print);
+    if (!result.ok()) return Fail(result.status());
+    return Report(*result, request.stdout_cap, 0);
+  }
+  if (cp->parsed()) {
+    auto [src_id, src_path] = SplitCopyArg(src);
+    auto [dst_id, dst_path] = SplitCopyArg(dst);
+    if (src_id.empty() == dst_id.empty()) return Fail(Error(EINVAL, "cp: exactly one of SRC and DST must be ID:/path"));
+    if (dst_id.empty()) {
+      auto data = client.Get(src_id, src_path);
+      if (!data.ok()) return Fail(data.status());
+      Status s = WriteFileAtomic(dst_path, *data, false);
+      return s.ok() ? 0 : Fail(s);
+    }
+    auto data = ReadFileToString(src_path);
+    if (!data.ok()) return Fail(data.status());
+    struct stat st{};
+    ::stat(src_path.c_str(), &st);
+    Status s = client.Put(dst_id, dst_path, *data, st.st_mode & 07777);
+    return s.ok() ? 0 : Fail(s);
+  }
+  auto done = [](const Status& s) { return s.ok() ? 0 : Fail(s); };
+  if (pause->parsed()) return done(client.Pause(id));
+  if (resume->parsed()) return done(client.Resume(id));
+  if (destroy->parsed()) return done(client.Destroy(id));
+  if (snapshot->parsed()) {
+    auto r = client.Snapshot(id, tag);
+    if (!r.ok()) return Fail(r.status());
+    std::printf("%s\n", (*r)["digest"].get<std::string>().c_str());
+    return 0;
+  }
+  if (ls->parsed()) {
+    auto list = client.List();
+    if (!list.ok()) return Fail(list.status());
+    if (as_json) {
+      std::printf("%s\n", list->dump().c_str());
+      return 0;
+    }
+    std::printf("%-16s %-10s %-8s %s\n", "ID", "BACKEND", "STATE", "LAYERS");
+    for (const auto& s : *list) {
+      std::vector<std::string> names;
+      for (const auto& l : s["layers"]) names.push_back(l.value("name", "") + "@" + l.value("digest", "").substr(0, 12));
+      std::printf("%-16s %-10s %-8s %s\n", s.value("id", "").c_str(), s.value("backend", "").c_str(),
+                  s.value("state", "").c_str(), Join(names, " ").c_str());
+    }
+    return 0;
+  }
+  return 0;
 }

@@ -41,7 +41,7 @@ std::string SelfDir() {
   return Dirname(buf);
 }
 
-bool Alive(pid_t pid) { return pid > 0 && (::kill(pid, 0) == 0 || errno == EPERM); }
+bool ProcessAlive(pid_t pid) { return pid > 0 && (::kill(pid, 0) == 0 || errno == EPERM); }
 
 // The runtime works on the rootfs as the sandbox's mapped root, which must
 // be able to reach it: every directory above needs search permission.
@@ -79,6 +79,28 @@ void RemoveCgroups(const std::string& relative) {
   }
 }
 
+// A runtime still creating the container of `bundle` after its daemon died
+// (it would finish after the cleanup and leave a container nobody owns).
+void KillRuntimeStragglers(const std::string& bundle) {
+  DIR* proc = ::opendir("/proc");
+  if (!proc) return;
+  while (dirent* e = ::readdir(proc)) {
+    pid_t pid = static_cast<pid_t>(std::strtol(e->d_name, nullptr, 10));
+    if (pid <= 0 || pid == ::getpid()) continue;
+    auto cmdline = ReadFileToString(StrCat("/proc/", pid, "/cmdline"));
+    if (!cmdline.ok()) continue;
+    std::vector<std::string> argv = Split(*cmdline, '\0');
+    for (size_t i = 0; i + 1 < argv.size(); ++i) {
+      if (argv[i] == "--bundle" && argv[i + 1] == bundle) {
+        STRATA_LOG(kWarn) << "killing runtime process " << pid << " still creating " << bundle;
+        ::kill(pid, SIGKILL);
+        break;
+      }
+    }
+  }
+  ::closedir(proc);
+}
+
 Status ReleaseLayers(lazyfs::Client& client, const std::string& holder, const std::vector<Digest128>& digests) {
   json list = json::array();
   for (const auto& d : digests) list.push_back(d.Hex());
@@ -100,6 +122,7 @@ NodeConfig NodeConfig::FromEnvironment() {
   if (auto v = env("STRATA_LAZYFS_SOCKET"); !v.empty()) n.lazyfs_socket = v;
   if (auto v = env("STRATA_CACHE"); !v.empty()) n.cache_dir = v;
   if (auto v = env("STRATA_RUNTIME"); !v.empty()) n.runtime = v;
+  if (auto v = env("STRATA_CGROUP_PARENT"); !v.empty()) n.cgroup_parent = v;
   if (auto v = env("STRATA_AGENT"); !v.empty()) n.agent_binary = v;
   if (auto v = env("STRATA_IDMAP"); !v.empty()) {
     auto m = IdMapping::Parse(v);
@@ -120,7 +143,7 @@ Result<std::unique_ptr<Sandbox>> Sandbox::Create(const SandboxSpec& spec, const 
   std::unique_ptr<Sandbox> sb(new Sandbox());
   sb->node_ = node;
   sb->spec_ = spec;
-  sb->id_ = NewId();
+  sb->id_ = spec.id.empty() ? NewId() : spec.id;
   Status s = sb->Start(spec);
   if (!s.ok()) {
     Status cleanup = sb->Destroy();
@@ -157,13 +180,32 @@ Status Sandbox::Start(const SandboxSpec& spec) {
   rootfs_ = dir_ + "/rootfs";
   STRATA_RETURN_IF_ERROR(MakeDirs(dir_ + "/agent", 0711));
   STRATA_RETURN_IF_ERROR(CheckTraversable(dir_, static_cast<uid_t>(node_.idmap.ToHost(0))));
-  // Who owns the sandbox: a sweep removes it once this process is gone.
-  json state = {{"id", id_}, {"pid", ::getpid()}, {"uppers", node_.uppers}, {"lazyfs_socket", node_.lazyfs_socket},
-                {"runtime", node_.runtime}, {"cgroup", node_.cgroup_parent + "/" + id_}};
+  // Who owns the sandbox: a sweep removes it once this process is gone
+  // (unless a daemon manages it), and a restarted daemon re-adopts it.
+  created_ = static_cast<int64_t>(::time(nullptr));
+  store_url_ = cache::DefaultStoreUrl(spec.store);
+  json state = {{"id", id_},
+                {"pid", ::getpid()},
+                {"managed", node_.managed},
+                {"uppers", node_.uppers},
+                {"lazyfs_socket", node_.lazyfs_socket},
+                {"runtime", node_.runtime},
+                {"cgroup", node_.cgroup_parent + "/" + id_},
+                {"store", store_url_},
+                {"created", created_},
+                {"spec", {{"layers", spec.layers},
+                          {"backend", spec.backend},
+                          {"cpus", spec.limits.cpus},
+                          {"memory", spec.limits.memory},
+                          {"pids", spec.limits.pids},
+                          {"disk", spec.disk},
+                          {"host_network", spec.host_network},
+                          {"env", spec.env},
+                          {"workdir", spec.workdir}}}};
   STRATA_RETURN_IF_ERROR(WriteFileAtomic(dir_ + "/state.json", state.dump(), false));
 
   // 1. The layer stack, resolved once.
-  STRATA_ASSIGN_OR_RETURN(auto store, cache::OpenStore(cache::DefaultStoreUrl(spec.store)));
+  STRATA_ASSIGN_OR_RETURN(auto store, cache::OpenStore(store_url_));
   cache::Catalog catalog(store);
   STRATA_ASSIGN_OR_RETURN(stack_, catalog.ResolveStack(spec.layers));
   timer.Step("resolve layers");
@@ -232,22 +274,28 @@ Status Sandbox::Start(const SandboxSpec& spec) {
 
   // 6. The runtime, in the foreground of its own process: when the agent
   //    exits, `run` deletes the container and its cgroups itself.
-  STRATA_ASSIGN_OR_RETURN(Subprocess runtime,
-                          Subprocess::Start({.argv = {node_.runtime, "run", "--bundle", dir_, id_},
-                                             .stdout_mode = StdStream::kNull,
-                                             .stderr_mode = StdStream::kFile,
-                                             .stderr_file = dir_ + "/runtime.log"}));
+  std::vector<std::string> run = {node_.runtime, "run", "--bundle", dir_, id_};
+  if (node_.managed) run.insert(run.begin() + 2, "--detach");  // returns once the agent runs
+  STRATA_ASSIGN_OR_RETURN(Subprocess runtime, Subprocess::Start({.argv = run,
+                                                                 .stdout_mode = StdStream::kNull,
+                                                                 .stderr_mode = StdStream::kFile,
+                                                                 .stderr_file = dir_ + "/runtime.log"}));
   runtime_.emplace(std::move(runtime));
   agent_ = std::make_unique<AgentClient>(dir_ + "/agent/" + kAgentSocketName);
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  bool runtime_returned = false;  // `run --detach` returns once the container runs
   while (true) {
     Status ready = agent_->WaitReady(std::chrono::milliseconds(100));
     if (ready.ok()) break;
-    if (!runtime_->Running()) {
-      auto log = ReadFileToString(dir_ + "/runtime.log");
-      std::string text = log.ok() ? *log : "";
-      while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.pop_back();
-      return Error(EIO, StrCat(node_.runtime, " exited before the agent started", text.empty() ? "" : ": " + text));
+    if (!runtime_returned && !runtime_->Running()) {
+      auto exit = runtime_->Wait();
+      if (!node_.managed || !exit.ok() || !exit->success()) {
+        auto log = ReadFileToString(dir_ + "/runtime.log");
+        std::string text = log.ok() ? *log : "";
+        while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.pop_back();
+        return Error(EIO, StrCat(node_.runtime, " exited before the agent started", text.empty() ? "" : ": " + text));
+      }
+      runtime_returned = true;
     }
     if (std::chrono::steady_clock::now() >= deadline) return ready;
   }
@@ -294,7 +342,13 @@ Status Sandbox::Destroy() {
     }
   };
   // The container: ask the agent to end it, then make sure.
-  if (runtime_) {
+  if (node_.managed && !dir_.empty()) {
+    if (!runtime_) KillRuntimeStragglers(dir_);  // adopted: its creator may have died mid-way
+    if (agent_) agent_->Shutdown().IgnoreError();
+    runtime_.reset();
+    RunCommand({.argv = {node_.runtime, "delete", "--force", id_}, .timeout = std::chrono::seconds(10)}).status().IgnoreError();
+    timer.Step("stop runtime");
+  } else if (runtime_) {
     if (runtime_->Running() && agent_) agent_->Shutdown().IgnoreError();
     for (int i = 0; i < 500 && runtime_->Running(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(2));
     if (runtime_->Running()) {
@@ -333,6 +387,105 @@ Status Sandbox::Destroy() {
 
 Sandbox::~Sandbox() { Destroy().IgnoreError(); }
 
+Result<std::unique_ptr<Sandbox>> Sandbox::Adopt(const std::string& id, const NodeConfig& node) {
+  std::unique_ptr<Sandbox> sb(new Sandbox());
+  sb->node_ = node;
+  sb->id_ = id;
+  sb->dir_ = JoinPath(node.run_dir, id);
+  sb->rootfs_ = sb->dir_ + "/rootfs";
+  auto text = ReadFileToString(sb->dir_ + "/state.json");
+  if (!text.ok()) return text.status().Annotate("adopt sandbox " + id);
+  json state = json::parse(*text, nullptr, false);
+  if (!state.is_object()) return Error(EINVAL, "adopt sandbox " + id + ": state.json is not valid JSON");
+  sb->store_url_ = state.value("store", "");
+  sb->created_ = state.value("created", int64_t{0});
+  sb->paused_ = state.value("paused", false);
+  const json spec = state.value("spec", json::object());
+  sb->spec_.layers = spec.value("layers", std::vector<std::string>{});
+  sb->spec_.backend = spec.value("backend", std::string("container"));
+  sb->spec_.limits.cpus = spec.value("cpus", 0.0);
+  sb->spec_.limits.memory = spec.value("memory", uint64_t{0});
+  sb->spec_.limits.pids = spec.value("pids", int64_t{0});
+  sb->spec_.disk = spec.value("disk", uint64_t{0});
+  sb->spec_.host_network = spec.value("host_network", false);
+  sb->spec_.env = spec.value("env", std::vector<std::string>{});
+  sb->spec_.workdir = spec.value("workdir", std::string("/"));
+  for (const auto& d : state.value("layers", json::array())) {
+    if (auto digest = Digest128::FromHex(d.get<std::string>())) sb->held_.push_back(*digest);
+  }
+  if (auto store = cache::OpenStore(sb->store_url_); store.ok()) {
+    cache::Catalog catalog(*store);
+    for (const auto& d : sb->held_) {
+      auto m = catalog.GetManifest(d);
+      if (m.ok()) sb->stack_.push_back({d, std::move(*m)});
+    }
+  }
+  if (IsMountPoint(sb->rootfs_)) sb->overlay_ = MountPoint::Adopt(sb->rootfs_);
+  if (auto uppers = UpperStore::Open(node.uppers); uppers.ok()) {
+    auto volume = uppers->Adopt(id);
+    if (volume.ok()) sb->upper_.emplace(std::move(*volume));
+  }
+  sb->agent_ = std::make_unique<AgentClient>(sb->dir_ + "/agent/" + kAgentSocketName);
+  return sb;
+}
+
+void Sandbox::Release() {
+  destroyed_ = true;
+  overlay_.Release();
+  if (upper_) upper_->Release();
+  upper_.reset();
+  if (runtime_) runtime_->Detach();
+  runtime_.reset();
+  held_.clear();
+}
+
+bool Sandbox::Alive() {
+  if (paused_) {
+    // A frozen agent cannot answer: ask the runtime instead.
+    auto state = RunCommand({.argv = {node_.runtime, "state", id_}, .timeout = std::chrono::seconds(10)});
+    if (!state.ok() || !state->success()) return false;
+    json j = json::parse(state->out, nullptr, false);
+    return j.is_object() && j.value("status", "") == "paused";
+  }
+  return agent_ && agent_->Ping().ok();
+}
+
+Status Sandbox::Pause() {
+  STRATA_RETURN_IF_ERROR(RunChecked({.argv = {node_.runtime, "pause", id_}, .timeout = std::chrono::seconds(30)},
+                                    "pause sandbox " + id_).status());
+  paused_ = true;
+  return SaveState({{"paused", true}});
+}
+
+Status Sandbox::Resume() {
+  STRATA_RETURN_IF_ERROR(RunChecked({.argv = {node_.runtime, "resume", id_}, .timeout = std::chrono::seconds(30)},
+                                    "resume sandbox " + id_).status());
+  paused_ = false;
+  return SaveState({{"paused", false}});
+}
+
+Status Sandbox::SaveState(const json& changes) {
+  auto text = ReadFileToString(dir_ + "/state.json");
+  json state = text.ok() ? json::parse(*text, nullptr, false) : json::object();
+  if (!state.is_object()) state = json::object();
+  state.update(changes);
+  return WriteFileAtomic(dir_ + "/state.json", state.dump(), false);
+}
+
+json Sandbox::Info() const {
+  json layers = json::array();
+  for (const auto& l : stack_) {
+    layers.push_back({{"digest", l.digest.Hex()}, {"kind", cache::LayerKindName(l.manifest.kind)}, {"name", l.manifest.name}});
+  }
+  return {{"id", id_},
+          {"backend", spec_.backend},
+          {"state", destroyed_ ? "destroyed" : (paused_ ? "paused" : "running")},
+          {"created", created_},
+          {"layers", layers},
+          {"limits", {{"cpus", spec_.limits.cpus}, {"memory", spec_.limits.memory}, {"pids", spec_.limits.pids}, {"disk", spec_.disk}}},
+          {"network", spec_.host_network ? "host" : "none"}};
+}
+
 Status SweepStaleSandboxes(const NodeConfig& node) {
   DIR* dir = ::opendir(node.run_dir.c_str());
   if (!dir) return OkStatus();
@@ -347,7 +500,9 @@ Status SweepStaleSandboxes(const NodeConfig& node) {
     auto text = ReadFileToString(path + "/state.json");
     json state = text.ok() ? json::parse(*text, nullptr, false) : json();
     pid_t owner = state.is_object() ? state.value("pid", 0) : 0;
-    if (Alive(owner)) continue;
+    if (ProcessAlive(owner)) continue;
+    // The daemon's sandboxes outlive a daemon restart; it re-adopts them.
+    if (state.is_object() && state.value("managed", false) && !node.managed) continue;
     STRATA_LOG(kWarn) << "cleaning up sandbox " << id << " whose launcher (pid " << owner << ") is gone";
     std::string runtime = state.is_object() ? state.value("runtime", node.runtime) : node.runtime;
     RunCommand({.argv = {runtime, "delete", "--force", id}, .timeout = std::chrono::seconds(10)}).status().IgnoreError();

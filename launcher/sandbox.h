@@ -30,6 +30,10 @@ struct NodeConfig {
   std::string runtime = "crun";  // any OCI runtime taking `run --bundle DIR ID`
   IdMapping idmap;
   std::string cgroup_parent = "strata";
+  // Sandboxes of the launcher daemon: the runtime runs detached (no process
+  // per sandbox waits on it), and a restarted daemon re-adopts them, so the
+  // sweep of dead one-shot launchers leaves them alone.
+  bool managed = false;
 
   // Fills the defaults that depend on the environment (STRATA_* variables,
   // the agent's location).
@@ -37,7 +41,9 @@ struct NodeConfig {
 };
 
 struct SandboxSpec {
+  std::string id;                   // empty: a new random "sb-..." id
   std::vector<std::string> layers;  // REFs, bottom first
+  std::string backend = "container";  // or "fncall"
   std::string store;                // empty: $STRATA_STORE or the default
   ContainerLimits limits;
   uint64_t disk = uint64_t{10} << 30;
@@ -49,6 +55,9 @@ struct SandboxSpec {
 class Sandbox {
  public:
   static Result<std::unique_ptr<Sandbox>> Create(const SandboxSpec& spec, const NodeConfig& node);
+  // Takes over a managed sandbox from its state directory (after a daemon
+  // restart); nothing is created. ENOENT when there is no such sandbox.
+  static Result<std::unique_ptr<Sandbox>> Adopt(const std::string& id, const NodeConfig& node);
   ~Sandbox();
   Sandbox(const Sandbox&) = delete;
   Sandbox& operator=(const Sandbox&) = delete;
@@ -64,18 +73,38 @@ class Sandbox {
   bool OomKilled() const;
   // Kills every process in the sandbox (its exec returns).
   void Interrupt();
+  // Whether the sandbox's agent answers.
+  bool Alive();
+  // Freezes or thaws every process (cgroup freezer, through the runtime).
+  Status Pause();
+  Status Resume();
+  bool paused() const { return paused_; }
+  // id, backend, layers, limits, state, created: what `ls` and the API show.
+  nlohmann::json Info() const;
+  const SandboxSpec& spec() const { return spec_; }
+  const std::string& dir() const { return dir_; }
+  // The upper volume (for snapshots).
+  const std::optional<UpperVolume>& upper() const { return upper_; }
+  const NodeConfig& node() const { return node_; }
   // Removes everything; idempotent. The first error is returned, but every
   // step is attempted.
   Status Destroy();
+  // Lets go of the sandbox without removing anything (daemon shutdown: a
+  // restarted daemon adopts it again).
+  void Release();
 
  private:
   Sandbox() = default;
   Status Start(const SandboxSpec& spec);
   std::string CgroupDir(const std::string& controller) const;
+  // Merges `changes` into state.json.
+  Status SaveState(const nlohmann::json& changes);
 
   NodeConfig node_;
   SandboxSpec spec_;
-  std::string id_, dir_, rootfs_;
+  std::string id_, dir_, rootfs_, store_url_;
+  int64_t created_ = 0;
+  bool paused_ = false;
   std::vector<cache::StackLayer> stack_;
   std::vector<Digest128> held_;       // layers acquired from lazyfs
   std::optional<UpperVolume> upper_;

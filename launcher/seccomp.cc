@@ -49,22 +49,6 @@ Result<uint32_t> Arch(const std::string& name) {
   return Error(EINVAL, "seccomp profile: unsupported architecture " + Quote(name));
 }
 
-std::string Base64(std::string_view in) {
-  static constexpr char kAlphabet[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-  std::string out;
-  out.reserve((in.size() + 2) / 3 * 4);
-  for (size_t i = 0; i < in.size(); i += 3) {
-    uint32_t v = static_cast<uint8_t>(in[i]) << 16;
-    if (i + 1 < in.size()) v |= static_cast<uint8_t>(in[i + 1]) << 8;
-    if (i + 2 < in.size()) v |= static_cast<uint8_t>(in[i + 2]);
-    out.push_back(kAlphabet[(v >> 18) & 63]);
-    out.push_back(kAlphabet[(v >> 12) & 63]);
-    out.push_back(i + 1 < in.size() ? kAlphabet[(v >> 6) & 63] : '=');
-    out.push_back(i + 2 < in.size() ? kAlphabet[v & 63] : '=');
-  }
-  return out;
-}
-
 }  // namespace
 
 Result<std::string> CompileSeccomp(const nlohmann::json& profile) {
@@ -103,7 +87,7 @@ Result<std::string> CompileSeccomp(const nlohmann::json& profile) {
     std::string bpf(static_cast<size_t>(size), '\0');
     STRATA_ASSIGN_OR_RETURN(size_t n, PreadFull(mem.get(), bpf, 0));
     bpf.resize(n);
-    return Base64(bpf);
+    return Base64Encode(bpf);
   } catch (const nlohmann::json::exception& e) {
     return Error(EINVAL, StrCat("seccomp profile: ", e.what()));
   }

@@ -39,6 +39,15 @@ TEST(StringsTest, Helpers) {
   EXPECT_EQ(Quote("plain"), "plain");
   EXPECT_EQ(Quote("two words"), "\"two words\"");
   EXPECT_EQ(Quote(std::string_view("\x01", 1)), "\"\\x01\"");
+  for (std::string raw : {std::string(""), std::string("f"), std::string("fo"), std::string("foo"), std::string("\xff\x00\x10", 3)}) {
+    auto back = Base64Decode(Base64Encode(raw));
+    ASSERT_TRUE(back.has_value());
+    EXPECT_EQ(*back, raw);
+  }
+  EXPECT_EQ(Base64Encode("foobar"), "Zm9vYmFy");
+  EXPECT_EQ(Base64Encode("fo"), "Zm8=");
+  EXPECT_FALSE(Base64Decode("Zm9").has_value());
+  EXPECT_FALSE(Base64Decode("Z=9v").has_value());
 }
 
 }  // namespace

@@ -1,145 +1,16 @@
 // System tests of `launcher run`: real crun, real overlay and EROFS mounts,
 // a real btrfs for uppers (made by `launcher doctor --fix`).
 #include <arpa/inet.h>
-#include <dirent.h>
-#include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <poll.h>
-#include <signal.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
-#include <atomic>
-#include <fstream>
-#include <random>
-#include <thread>
-
-#include "cache/catalog.h"
-#include "common/fs.h"
-#include "common/strings.h"
-#include "common/subprocess.h"
-#include "launcher/sandbox.h"
-#include "launcher/upper_store.h"
-#include "layerctl/builder.h"
-#include "layerctl/publish.h"
-#include "lazyfs/client.h"
-#include "tests/testing/test_util.h"
+#include "tests/launcher/fixture.h"
 
 namespace strata::launcher {
 namespace {
 
-using namespace std::chrono_literals;
-using testing::MakeTempDir;
-
-// A busybox root filesystem: /bin/busybox and a link per applet.
-Status MakeBusyboxTree(const std::string& root) {
-  for (const char* d : {"bin", "proc", "sys", "dev", "tmp", "etc", "root", "mnt"}) STRATA_RETURN_IF_ERROR(MakeDirs(root + "/" + d));
-  STRATA_RETURN_IF_ERROR(RunChecked({.argv = {"cp", "/bin/busybox", root + "/bin/busybox"}}, "copy busybox").status());
-  STRATA_ASSIGN_OR_RETURN(auto list, RunChecked({.argv = {"/bin/busybox", "--list"}}, "list applets"));
-  for (const auto& applet : Split(list.out, '\n')) {
-    if (applet.empty() || applet == "busybox") continue;
-    if (::symlink("busybox", (root + "/bin/" + applet).c_str()) != 0 && errno != EEXIST) {
-      return ErrnoError(errno, "symlink " + applet);
-    }
-  }
-  STRATA_RETURN_IF_ERROR(WriteFileAtomic(root + "/etc/passwd", "root:x:0:0:root:/root:/bin/sh\n"));
-  if (::chmod((root + "/tmp").c_str(), 01777) != 0) return ErrnoError(errno, "chmod tmp");
-  return OkStatus();
-}
-
-std::vector<std::string> Lines(const std::string& path) {
-  std::ifstream in(path);
-  std::vector<std::string> out;
-  std::string line;
-  while (std::getline(in, line)) out.push_back(line);
-  return out;
-}
-
-class LauncherTest : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {}
-
-  void SetUp() override {
-    if (::geteuid() != 0) GTEST_SKIP() << "needs root";
-    Status uppers = CheckUpperFilesystem(kDefaultUppers);
-    if (!uppers.ok()) GTEST_SKIP() << "run `launcher doctor --fix` first (scripts/setup does): " << uppers.ToString();
-    store_url_ = "file://" + dir_.Sub("store");
-    ASSERT_EQ(::chmod(dir_.path().c_str(), 0711), 0);  // the sandbox's root must reach its rootfs
-    env_ = {"STRATA_STORE=" + store_url_, "STRATA_LAZYFS_SOCKET=" + dir_.Sub("lazyfs.sock"),
-            "STRATA_CACHE=" + dir_.Sub("cache"), "STRATA_RUN_DIR=" + dir_.Sub("run")};
-    ASSERT_OK_AND_ASSIGN(auto store, cache::OpenStore(store_url_));
-    catalog_ = std::make_unique<cache::Catalog>(store);
-    ASSERT_OK(MakeBusyboxTree(dir_.Sub("busybox")));
-    Publish(dir_.Sub("busybox"), "busybox", cache::LayerKind::kBase);
-  }
-
-  void TearDown() override {
-    ExpectHostClean();
-    // Whatever a failed test left (a launcher it killed) is swept before the
-    // lazyfs daemon goes, so no mount outlives the test.
-    NodeConfig node = NodeConfig::FromEnvironment();
-    node.run_dir = dir_.Sub("run");
-    node.lazyfs_socket = dir_.Sub("lazyfs.sock");
-    SweepStaleSandboxes(node).IgnoreError();
-    // Stop the lazyfs daemon the launcher started for this test.
-    lazyfs::Client client(dir_.Sub("lazyfs.sock"));
-    if (client.Alive()) {
-      auto stats = client.Call("GET", "/v1/stats");
-      if (stats.ok()) {
-        pid_t pid = (*stats)["pid"].get<pid_t>();
-        ::kill(pid, SIGTERM);
-        for (int i = 0; i < 500 && ::kill(pid, 0) == 0; ++i) std::this_thread::sleep_for(10ms);
-      }
-    }
-  }
-
-  Digest128 Publish(const std::string& src, const std::string& name, cache::LayerKind kind) {
-    auto built = layerctl::BuildLayer({.source = src, .output_dir = dir_.Sub("build-" + name), .kind = kind, .name = name});
-    EXPECT_TRUE(built.ok()) << built.status().ToString();
-    EXPECT_OK(layerctl::Push(*built, *catalog_, cache::LayerRef{name, "1"}).status());
-    return built->digest;
-  }
-
-  std::string Tool() const { return testing::TestBinaryDir() + "/../../launcher/launcher"; }
-
-  Result<SubprocessResult> Run(std::vector<std::string> args, Duration timeout = 120s) {
-    args.insert(args.begin(), {Tool(), "run"});
-    return RunCommand({.argv = args, .env = env_, .timeout = timeout});
-  }
-
-  // Nothing a sandbox made may outlive it: mounts, cgroups, subvolumes,
-  // runtime processes, directories.
-  void ExpectHostClean() {
-    for (const auto& line : Lines("/proc/self/mountinfo")) {
-      EXPECT_EQ(line.find(dir_.Sub("run")), std::string::npos) << "mount left: " << line;
-    }
-    for (const char* c : {"memory", "cpu", "pids", "freezer", "cpuset", "devices", "blkio"}) {
-      DIR* d = ::opendir(StrCat("/sys/fs/cgroup/", c, "/strata").c_str());
-      if (!d) continue;
-      while (dirent* e = ::readdir(d)) {
-        std::string name = e->d_name;
-        EXPECT_FALSE(name.starts_with("sb-") && sandboxes_.count(name)) << "cgroup left: " << c << "/strata/" << name;
-      }
-      ::closedir(d);
-    }
-    auto store = UpperStore::Open(kDefaultUppers);
-    if (store.ok()) {
-      for (const auto& name : store->List().value_or({})) EXPECT_FALSE(sandboxes_.count(name)) << "subvolume left: " << name;
-    }
-    DIR* run = ::opendir(dir_.Sub("run").c_str());
-    if (run) {
-      while (dirent* e = ::readdir(run)) EXPECT_FALSE(std::string(e->d_name).starts_with("sb-")) << "sandbox dir left: " << e->d_name;
-      ::closedir(run);
-    }
-  }
-
-  TempDir dir_ = MakeTempDir();
-  std::string store_url_;
-  std::vector<std::string> env_;
-  std::unique_ptr<cache::Catalog> catalog_;
-  std::set<std::string> sandboxes_;  // ids seen, checked at teardown
-};
+class LauncherTest : public SandboxTest {};
 
 TEST_F(LauncherTest, RunsACommandWithItsOutputAndExitCode) {
   ASSERT_OK_AND_ASSIGN(auto r, Run({"-v", "--layer", "busybox:1", "--", "sh", "-c", "echo out; echo err >&2; exit 3"}));

@@ -1,0 +1,339 @@
+// SandboxManager: the daemon's sandboxes and their registry.
+#include "launcher/manager.h"
+
+#include <dirent.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <random>
+
+#include "common/fs.h"
+#include "common/log.h"
+#include "common/strings.h"
+#include "lazyfs/client.h"
+
+namespace strata::launcher {
+
+using nlohmann::json;
+
+namespace {
+
+constexpr size_t kLatencySamples = 4096;
+
+std::string NewSandboxId() {
+  static std::mt19937_64 rng{std::random_device{}() ^ static_cast<uint64_t>(::getpid())};
+  static std::mutex mu;
+  std::lock_guard lock(mu);
+  char buf[16];
+  std::snprintf(buf, sizeof buf, "%012llx", static_cast<unsigned long long>(rng() & 0xffffffffffffULL));
+  return std::string("sb-") + buf;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<SandboxManager>> SandboxManager::Open(NodeConfig node, const std::string& state_dir) {
+  node.managed = true;
+  std::unique_ptr<SandboxManager> m(new SandboxManager(std::move(node)));
+  STRATA_RETURN_IF_ERROR(MakeDirs(state_dir, 0700));
+  LmdbEnv::Options o;
+  o.map_size = size_t{256} << 20;
+  STRATA_ASSIGN_OR_RETURN(m->env_, LmdbEnv::Open(state_dir, o));
+  {
+    STRATA_ASSIGN_OR_RETURN(LmdbTxn txn, LmdbTxn::Begin(m->env_, false));
+    STRATA_ASSIGN_OR_RETURN(m->db_, txn.OpenDb("sandboxes", MDB_CREATE));
+    STRATA_RETURN_IF_ERROR(txn.Commit());
+  }
+  Status s = m->Recover();
+  if (!s.ok()) return s.Annotate("recover sandboxes from " + state_dir);
+  return m;
+}
+
+SandboxManager::~SandboxManager() {
+  // Sandboxes outlive the daemon (a restart re-adopts them): nothing is
+  // destroyed here, the objects just let go.
+  std::lock_guard lock(mu_);
+  for (auto& [id, entry] : sandboxes_) {
+    std::lock_guard entry_lock(entry->mu);
+    if (entry->sandbox) entry->sandbox->Release();
+  }
+}
+
+Status SandboxManager::Record(const std::string& id, const json& record) {
+  STRATA_ASSIGN_OR_RETURN(LmdbTxn txn, LmdbTxn::Begin(env_, false));
+  STRATA_RETURN_IF_ERROR(txn.Put(db_, id, record.dump()).status());
+  STRATA_RETURN_IF_ERROR(txn.Commit());
+  return env_.Sync();
+}
+
+Status SandboxManager::Forget(const std::string& id) {
+  STRATA_ASSIGN_OR_RETURN(LmdbTxn txn, LmdbTxn::Begin(env_, false));
+  STRATA_RETURN_IF_ERROR(txn.Del(db_, id).status());
+  STRATA_RETURN_IF_ERROR(txn.Commit());
+  return env_.Sync();
+}
+
+Status SandboxManager::Recover() {
+  std::vector<std::pair<std::string, json>> records;
+  {
+    STRATA_ASSIGN_OR_RETURN(LmdbTxn txn, LmdbTxn::Begin(env_, true));
+    STRATA_ASSIGN_OR_RETURN(LmdbCursor cursor, LmdbCursor::Open(txn, db_));
+    std::string_view k, v;
+    MDB_cursor_op op = MDB_FIRST;
+    while (true) {
+      STRATA_ASSIGN_OR_RETURN(bool more, cursor.Step(op, &k, &v));
+      if (!more) break;
+      op = MDB_NEXT;
+      records.emplace_back(std::string(k), json::parse(v, nullptr, false));
+    }
+  }
+  for (auto& [id, record] : records) {
+    const std::string status = record.is_object() ? record.value("status", "") : "";
+    auto sandbox = Sandbox::Adopt(id, node_);
+    if (sandbox.ok() && (status == "running" || status == "paused") && (*sandbox)->Alive()) {
+      auto entry = std::make_shared<Entry>();
+      entry->sandbox = std::move(*sandbox);
+      sandboxes_[id] = entry;
+      ++recovery_.adopted;
+      STRATA_LOG(kInfo) << "re-adopted sandbox " << id;
+      continue;
+    }
+    // Dead, half-made or half-destroyed: remove whatever it left.
+    STRATA_LOG(kWarn) << "removing sandbox " << id << " (" << (status.empty() ? "unknown" : status)
+                      << (sandbox.ok() ? ", agent gone" : ", state lost") << ")";
+    if (sandbox.ok()) {
+      Status s = (*sandbox)->Destroy();
+      if (!s.ok()) STRATA_LOG(kWarn) << "remove sandbox " << id << ": " << s.ToString();
+    } else {
+      RunCommand({.argv = {node_.runtime, "delete", "--force", id}, .timeout = std::chrono::seconds(10)}).status().IgnoreError();
+      if (auto uppers = UpperStore::Open(node_.uppers); uppers.ok()) {
+        if (auto v = uppers->Adopt(id); v.ok()) v->Destroy().IgnoreError();
+      }
+    }
+    STRATA_RETURN_IF_ERROR(Forget(id));
+    ++recovery_.removed;
+  }
+  // Sandbox directories of this daemon's sandboxes that the registry does not
+  // know (a crash between making them and recording them).
+  if (DIR* dir = ::opendir(node_.run_dir.c_str())) {
+    std::vector<std::string> orphans;
+    while (dirent* e = ::readdir(dir)) {
+      std::string name = e->d_name;
+      if (name.starts_with("sb-") && !sandboxes_.count(name)) orphans.push_back(name);
+    }
+    ::closedir(dir);
+    for (const auto& id : orphans) {
+      auto text = ReadFileToString(JoinPath(node_.run_dir, id) + "/state.json");
+      json state = text.ok() ? json::parse(*text, nullptr, false) : json();
+      if (!state.is_object() || !state.value("managed", false)) continue;  // a one-shot launcher's
+      if (auto sandbox = Sandbox::Adopt(id, node_); sandbox.ok()) {
+        STRATA_LOG(kWarn) << "removing unrecorded sandbox " << id;
+        (*sandbox)->Destroy().IgnoreError();
+        ++recovery_.removed;
+      }
+    }
+  }
+  // Upper volumes nobody owns any more (a reboot empties /run, so a volume
+  // without its sandbox directory belongs to a sandbox that is gone).
+  if (auto uppers = UpperStore::Open(node_.uppers); uppers.ok()) {
+    for (const auto& name : uppers->List().value_or({})) {
+      if (!name.starts_with("sb-") || sandboxes_.count(name)) continue;
+      if (::access(JoinPath(node_.run_dir, name).c_str(), F_OK) == 0) continue;
+      if (auto v = uppers->Adopt(name); v.ok()) {
+        STRATA_LOG(kWarn) << "removing upper volume " << name << " of a sandbox that is gone";
+        v->Destroy().IgnoreError();
+      }
+    }
+  }
+  return OkStatus();
+}
+
+Result<json> SandboxManager::Create(SandboxSpec spec) {
+  if (spec.id.empty()) spec.id = NewSandboxId();
+  const std::string id = spec.id;
+  // Recorded before anything exists, so a crash in the middle is cleaned up.
+  STRATA_RETURN_IF_ERROR(Record(id, {{"status", "creating"}, {"created", ::time(nullptr)}}));
+  auto sandbox = Sandbox::Create(spec, node_);
+  if (!sandbox.ok()) {
+    ++creation_failures_;
+    Forget(id).IgnoreError();
+    return sandbox.status();
+  }
+  json info = (*sandbox)->Info();
+  Status s = Record(id, {{"status", "running"}, {"created", info["created"]}});
+  if (!s.ok()) {
+    (*sandbox)->Destroy().IgnoreError();
+    Forget(id).IgnoreError();
+    return s;
+  }
+  auto entry = std::make_shared<Entry>();
+  entry->sandbox = std::move(*sandbox);
+  {
+    std::lock_guard lock(mu_);
+    sandboxes_[id] = entry;
+  }
+  ++creations_;
+  return info;
+}
+
+Result<std::shared_ptr<SandboxManager::Entry>> SandboxManager::Find(const std::string& id) {
+  std::lock_guard lock(mu_);
+  auto it = sandboxes_.find(id);
+  if (it == sandboxes_.end()) return Error(ENOENT, StrCat("sandbox ", Quote(id), ": no such sandbox"));
+  return it->second;
+}
+
+Result<ExecResult> SandboxManager::Exec(const std::string& id, ExecRequest request, const OutputSink& sink) {
+  STRATA_ASSIGN_OR_RETURN(auto entry, Find(id));
+  Sandbox* sb;
+  {
+    std::lock_guard lock(entry->mu);
+    if (!entry->sandbox) return Error(ENOENT, StrCat("sandbox ", id, " is being destroyed"));
+    if (entry->sandbox->paused()) return Error(EAGAIN, StrCat("sandbox ", id, " is paused; resume it first"));
+    sb = entry->sandbox.get();
+  }
+  // No lock while the command runs: a destroy ends it (the agent goes).
+  auto start = std::chrono::steady_clock::now();
+  auto result = sb->Exec(std::move(request), sink);
+  if (result.ok() && result->signal == SIGKILL && !result->timed_out) result->oom_killed = sb->OomKilled();
+  double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  ++execs_;
+  {
+    std::lock_guard lock(latency_mu_);
+    exec_ms_sum_ += ms;
+    if (exec_ms_.size() < kLatencySamples) exec_ms_.push_back(ms);
+    else exec_ms_[exec_ms_next_++ % kLatencySamples] = ms;
+  }
+  return result;
+}
+
+Status SandboxManager::Put(const std::string& id, const std::string& path, std::string_view data, uint32_t mode) {
+  STRATA_ASSIGN_OR_RETURN(auto entry, Find(id));
+  std::lock_guard lock(entry->mu);
+  if (!entry->sandbox) return Error(ENOENT, StrCat("sandbox ", id, " is being destroyed"));
+  return entry->sandbox->agent().Put(path, data, mode, std::nullopt);
+}
+
+Result<std::string> SandboxManager::Get(const std::string& id, const std::string& path) {
+  STRATA_ASSIGN_OR_RETURN(auto entry, Find(id));
+  std::lock_guard lock(entry->mu);
+  if (!entry->sandbox) return Error(ENOENT, StrCat("sandbox ", id, " is being destroyed"));
+  return entry->sandbox->agent().Get(path);
+}
+
+Status SandboxManager::Pause(const std::string& id) {
+  STRATA_ASSIGN_OR_RETURN(auto entry, Find(id));
+  std::lock_guard lock(entry->mu);
+  if (!entry->sandbox) return Error(ENOENT, StrCat("sandbox ", id, " is being destroyed"));
+  if (entry->sandbox->paused()) return OkStatus();
+  return entry->sandbox->Pause();
+}
+
+Status SandboxManager::Resume(const std::string& id) {
+  STRATA_ASSIGN_OR_RETURN(auto entry, Find(id));
+  std::lock_guard lock(entry->mu);
+  if (!entry->sandbox) return Error(ENOENT, StrCat("sandbox ", id, " is being destroyed"));
+  if (!entry->sandbox->paused()) return OkStatus();
+  return entry->sandbox->Resume();
+}
+
+Status SandboxManager::Destroy(const std::string& id) {
+  STRATA_ASSIGN_OR_RETURN(auto entry, Find(id));
+  std::unique_ptr<Sandbox> sandbox;
+  {
+    std::lock_guard lock(entry->mu);
+    sandbox = std::move(entry->sandbox);
+  }
+  if (!sandbox) return Error(ENOENT, StrCat("sandbox ", id, " is being destroyed"));
+  STRATA_RETURN_IF_ERROR(Record(id, {{"status", "destroying"}}));
+  if (sandbox->paused()) sandbox->Resume().IgnoreError();  // a frozen init cannot exit
+  Status s = sandbox->Destroy();
+  {
+    std::lock_guard lock(mu_);
+    sandboxes_.erase(id);
+  }
+  Status forget = Forget(id);
+  ++destructions_;
+  return s.ok() ? forget : s;
+}
+
+Result<json> SandboxManager::Info(const std::string& id) {
+  STRATA_ASSIGN_OR_RETURN(auto entry, Find(id));
+  std::lock_guard lock(entry->mu);
+  if (!entry->sandbox) return Error(ENOENT, StrCat("sandbox ", id, " is being destroyed"));
+  return entry->sandbox->Info();
+}
+
+json SandboxManager::List() {
+  std::vector<std::shared_ptr<Entry>> entries;
+  {
+    std::lock_guard lock(mu_);
+    for (auto& [id, e] : sandboxes_) entries.push_back(e);
+  }
+  json out = json::array();
+  for (auto& e : entries) {
+    std::lock_guard lock(e->mu);
+    if (e->sandbox) out.push_back(e->sandbox->Info());
+  }
+  return out;
+}
+
+std::string SandboxManager::Metrics() {
+  int running = 0, paused = 0;
+  {
+    std::vector<std::shared_ptr<Entry>> entries;
+    {
+      std::lock_guard lock(mu_);
+      for (auto& [id, e] : sandboxes_) entries.push_back(e);
+    }
+    for (auto& e : entries) {
+      std::lock_guard lock(e->mu);
+      if (!e->sandbox) continue;
+      (e->sandbox->paused() ? paused : running)++;
+    }
+  }
+  std::vector<double> samples;
+  double sum = 0;
+  {
+    std::lock_guard lock(latency_mu_);
+    samples = exec_ms_;
+    sum = exec_ms_sum_ / 1000;
+  }
+  std::sort(samples.begin(), samples.end());
+  auto quantile = [&](double q) {
+    return samples.empty() ? 0.0 : samples[std::min(samples.size() - 1, static_cast<size_t>(q * static_cast<double>(samples.size())))] / 1000;
+  };
+  uint64_t layer_mounts = 0, cache_bytes = 0;
+  lazyfs::Client lazyfs(node_.lazyfs_socket);
+  if (auto stats = lazyfs.Call("GET", "/v1/stats"); stats.ok()) {
+    layer_mounts = (*stats)["layers"].size();
+    cache_bytes = (*stats)["cache"].value("bytes", uint64_t{0});
+  }
+  std::string out;
+  out += "# HELP strata_sandboxes Sandboxes by state.\n# TYPE strata_sandboxes gauge\n";
+  out += StrCat("strata_sandboxes{state=\"running\"} ", running, "\n");
+  out += StrCat("strata_sandboxes{state=\"paused\"} ", paused, "\n");
+  out += "# HELP strata_sandbox_creations_total Sandboxes created.\n# TYPE strata_sandbox_creations_total counter\n";
+  out += StrCat("strata_sandbox_creations_total ", creations_.load(), "\n");
+  out += "# HELP strata_sandbox_creation_failures_total Sandbox creations that failed.\n# TYPE strata_sandbox_creation_failures_total counter\n";
+  out += StrCat("strata_sandbox_creation_failures_total ", creation_failures_.load(), "\n");
+  out += "# HELP strata_sandbox_destructions_total Sandboxes destroyed.\n# TYPE strata_sandbox_destructions_total counter\n";
+  out += StrCat("strata_sandbox_destructions_total ", destructions_.load(), "\n");
+  out += "# HELP strata_exec_duration_seconds Exec latency (recent execs).\n# TYPE strata_exec_duration_seconds summary\n";
+  char buf[64];
+  for (double q : {0.5, 0.9, 0.99}) {
+    std::snprintf(buf, sizeof buf, "%.6f", quantile(q));
+    out += StrCat("strata_exec_duration_seconds{quantile=\"", q == 0.5 ? "0.5" : q == 0.9 ? "0.9" : "0.99", "\"} ", buf, "\n");
+  }
+  std::snprintf(buf, sizeof buf, "%.6f", sum);
+  out += StrCat("strata_exec_duration_seconds_sum ", buf, "\n");
+  out += StrCat("strata_exec_duration_seconds_count ", execs_.load(), "\n");
+  out += "# HELP strata_layer_mounts Layers mounted by lazyfs on this node.\n# TYPE strata_layer_mounts gauge\n";
+  out += StrCat("strata_layer_mounts ", layer_mounts, "\n");
+  out += "# HELP strata_cache_bytes Bytes in the node's chunk cache.\n# TYPE strata_cache_bytes gauge\n";
+  out += StrCat("strata_cache_bytes ", cache_bytes, "\n");
+  return out;
+}
+
+}  // namespace strata::launcher

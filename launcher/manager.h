@@ -1,0 +1,79 @@
+// SandboxManager: the launcher daemon's sandboxes — create, exec, files,
+// pause and resume, snapshot, destroy — with their registry in LMDB so a
+// restarted daemon re-adopts the live ones and removes what the dead ones
+// left. Thread-safe.
+#pragma once
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "common/lmdb.h"
+#include "launcher/sandbox.h"
+
+namespace strata::launcher {
+
+inline constexpr const char* kDefaultLauncherSocket = "/run/strata/launcher.sock";
+inline constexpr const char* kDefaultLauncherState = "/var/lib/strata/launcher";
+
+class SandboxManager {
+ public:
+  // Opens the registry in `state_dir` and recovers: live sandboxes are
+  // adopted, dead or half-made ones removed.
+  static Result<std::unique_ptr<SandboxManager>> Open(NodeConfig node, const std::string& state_dir);
+  ~SandboxManager();
+
+  // Returns Info() of the new sandbox (id, layers with digests, ...).
+  Result<nlohmann::json> Create(SandboxSpec spec);
+  Result<ExecResult> Exec(const std::string& id, ExecRequest request, const OutputSink& sink);
+  Status Put(const std::string& id, const std::string& path, std::string_view data, uint32_t mode);
+  Result<std::string> Get(const std::string& id, const std::string& path);
+  Status Pause(const std::string& id);
+  Status Resume(const std::string& id);
+  Status Destroy(const std::string& id);
+  Result<nlohmann::json> Info(const std::string& id);
+  nlohmann::json List();
+  // Prometheus text format.
+  std::string Metrics();
+  const NodeConfig& node() const { return node_; }
+
+  // Recovery report of Open() (for logs and tests).
+  struct Recovery {
+    int adopted = 0;
+    int removed = 0;
+  };
+  const Recovery& recovery() const { return recovery_; }
+
+ private:
+  struct Entry {
+    std::mutex mu;  // serializes lifecycle changes (pause, resume, destroy)
+    std::unique_ptr<Sandbox> sandbox;
+  };
+
+  SandboxManager(NodeConfig node) : node_(std::move(node)) {}
+  Status Recover();
+  Result<std::shared_ptr<Entry>> Find(const std::string& id);
+  Status Record(const std::string& id, const nlohmann::json& record);
+  Status Forget(const std::string& id);
+
+  NodeConfig node_;
+  LmdbEnv env_;
+  MDB_dbi db_ = 0;
+  std::mutex mu_;
+  std::map<std::string, std::shared_ptr<Entry>> sandboxes_;
+  Recovery recovery_;
+
+  // Metrics.
+  std::atomic<uint64_t> creations_{0}, creation_failures_{0}, destructions_{0}, execs_{0};
+  std::mutex latency_mu_;
+  std::vector<double> exec_ms_;  // recent exec latencies (a ring)
+  size_t exec_ms_next_ = 0;
+  double exec_ms_sum_ = 0;  // every exec's
+};
+
+}  // namespace strata::launcher

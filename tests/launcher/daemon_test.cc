@@ -1,0 +1,340 @@
+// System tests of the launcher daemon: its API and CLI verbs, access
+// control, and recovery after the daemon is killed.
+#include <sys/stat.h>
+
+#include <mutex>
+
+#include "common/http_server.h"
+#include "launcher/client.h"
+#include "launcher/server.h"
+#include "tests/launcher/fixture.h"
+
+namespace strata::launcher {
+namespace {
+
+using nlohmann::json;
+
+class DaemonTest : public SandboxTest {
+ protected:
+  void SetUp() override {
+    SandboxTest::SetUp();
+    if (IsSkipped() || HasFatalFailure()) return;
+    socket_ = dir_.Sub("launcher.sock");
+    client_ = std::make_unique<LauncherClient>(socket_);
+  }
+
+  void TearDown() override {
+    if (daemon_) {
+      if (client_->Alive()) {
+        for (const auto& s : client_->List().value_or(json::array())) client_->Destroy(s["id"].get<std::string>()).IgnoreError();
+      }
+      StopDaemon(SIGTERM);
+    }
+    SandboxTest::TearDown();
+  }
+
+  void StartDaemon(std::vector<std::string> extra = {}) {
+    std::vector<std::string> argv = {Tool(), "serve", "--socket", socket_, "--state", dir_.Sub("state")};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    auto d = Subprocess::Start({.argv = argv, .env = env_, .stdout_mode = StdStream::kNull,
+                                .stderr_mode = StdStream::kFile, .stderr_file = dir_.Sub("daemon.log")});
+    ASSERT_OK(d.status());
+    daemon_.emplace(std::move(*d));
+    for (int i = 0; i < 500 && !client_->Alive(); ++i) {
+      ASSERT_TRUE(daemon_->Running()) << "the daemon exited: " << ReadFileToString(dir_.Sub("daemon.log")).value_or("");
+      std::this_thread::sleep_for(10ms);
+    }
+    ASSERT_TRUE(client_->Alive());
+  }
+
+  void StopDaemon(int sig) {
+    if (!daemon_) return;
+    daemon_->Kill(sig);
+    daemon_->Wait().status().IgnoreError();
+    daemon_.reset();
+  }
+
+  Result<SubprocessResult> Cli(std::vector<std::string> args, std::optional<std::string> in = std::nullopt) {
+    args.insert(args.begin(), Tool());
+    args.insert(args.begin() + 2, {"--socket", socket_});
+    return RunCommand({.argv = args, .env = env_, .stdin_data = std::move(in), .timeout = 120s});
+  }
+
+  std::string Create(std::vector<std::string> extra = {}) {
+    std::vector<std::string> args = {"create", "--layer", "busybox:1"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    auto r = Cli(args);
+    EXPECT_TRUE(r.ok() && r->exit_code == 0) << (r.ok() ? r->err : r.status().ToString());
+    if (!r.ok()) return "";
+    std::string id = r->out;
+    while (!id.empty() && id.back() == '\n') id.pop_back();
+    return id;
+  }
+
+  // Kills every process of a sandbox (its agent dies: the sandbox is dead).
+  void KillSandboxProcesses(const std::string& id) {
+    for (const auto& line : Lines(StrCat("/sys/fs/cgroup/pids/", cgroup_parent_, "/", id, "/cgroup.procs"))) {
+      ::kill(std::stoi(line), SIGKILL);
+    }
+  }
+
+  uint64_t Metric(const std::string& name) {
+    auto text = client_->Metrics();
+    if (!text.ok()) return ~uint64_t{0};
+    for (const auto& line : Split(*text, '\n')) {
+      if (line.starts_with(name + " ")) return std::stoull(line.substr(name.size() + 1));
+    }
+    return ~uint64_t{0};
+  }
+
+  std::string socket_;
+  std::unique_ptr<LauncherClient> client_;
+  std::optional<Subprocess> daemon_;
+};
+
+TEST_F(DaemonTest, ASandboxLivesThroughManyCommands) {
+  StartDaemon();
+  std::string id = Create({"--memory", "64M"});
+  ASSERT_TRUE(id.starts_with("sb-")) << id;
+
+  ASSERT_OK_AND_ASSIGN(auto r, Cli({"exec", id, "--", "sh", "-c", "echo out; echo err >&2; exit 3"}));
+  EXPECT_EQ(r.exit_code, 3) << r.err;
+  EXPECT_EQ(r.out, "out\n");
+  EXPECT_NE(r.err.find("err\n"), std::string::npos);
+  ASSERT_OK_AND_ASSIGN(auto env, Cli({"exec", id, "--env", "A=b", "--workdir", "/etc", "--", "sh", "-c", "echo $A $(pwd)"}));
+  EXPECT_EQ(env.out, "b /etc\n") << env.err;
+  ASSERT_OK_AND_ASSIGN(auto in, Cli({"exec", id, "-i", "--", "cat"}, "piped in\n"));
+  EXPECT_EQ(in.out, "piped in\n") << in.err;
+
+  // State stays between commands.
+  ASSERT_OK_AND_ASSIGN(auto write, Cli({"exec", id, "--", "sh", "-c", "echo kept > /root/state"}));
+  EXPECT_EQ(write.exit_code, 0) << write.err;
+  ASSERT_OK_AND_ASSIGN(auto read, Cli({"exec", id, "--", "cat", "/root/state"}));
+  EXPECT_EQ(read.out, "kept\n");
+
+  // Files in and out.
+  ASSERT_OK(WriteFileAtomic(dir_.Sub("in.sh"), "#!/bin/sh\necho script ran\n"));
+  ASSERT_EQ(::chmod(dir_.Sub("in.sh").c_str(), 0755), 0);
+  ASSERT_OK_AND_ASSIGN(auto put, Cli({"cp", dir_.Sub("in.sh"), id + ":/usr/bin/in.sh"}));
+  EXPECT_EQ(put.exit_code, 0) << put.err;
+  ASSERT_OK_AND_ASSIGN(auto ran, Cli({"exec", id, "--", "in.sh"}));
+  EXPECT_EQ(ran.out, "script ran\n") << ran.err;
+  ASSERT_OK_AND_ASSIGN(auto get, Cli({"cp", id + ":/root/state", dir_.Sub("out.txt")}));
+  EXPECT_EQ(get.exit_code, 0) << get.err;
+  EXPECT_EQ(ReadFileToString(dir_.Sub("out.txt")).value_or(""), "kept\n");
+  ASSERT_OK_AND_ASSIGN(auto missing, Cli({"cp", id + ":/no/such/file", dir_.Sub("x")}));
+  EXPECT_NE(missing.exit_code, 0);
+  EXPECT_NE(missing.err.find("/no/such/file"), std::string::npos) << missing.err;
+
+  // Timeouts, OOM kills and output caps as with `run`.
+  ASSERT_OK_AND_ASSIGN(auto slow, Cli({"exec", id, "--timeout", "1s", "--", "sh", "-c", "sleep 60 & sleep 60"}));
+  EXPECT_EQ(slow.exit_code, 124) << slow.err;
+  ASSERT_OK_AND_ASSIGN(auto hog, Cli({"exec", id, "--", "dd", "if=/dev/zero", "of=/dev/null", "bs=300M", "count=1"}));
+  EXPECT_EQ(hog.exit_code, 137) << hog.err;
+  EXPECT_NE(hog.err.find("out of memory"), std::string::npos) << hog.err;
+  ASSERT_OK_AND_ASSIGN(auto big, Cli({"exec", id, "--output-cap", "4K", "--", "head", "-c", "100000", "/dev/zero"}));
+  EXPECT_EQ(big.out.size(), 4096u);
+  EXPECT_NE(big.err.find("stdout cut at 4.0 KiB"), std::string::npos) << big.err;
+
+  // Pause freezes it: commands wait for a resume.
+  ASSERT_OK_AND_ASSIGN(auto pause, Cli({"pause", id}));
+  EXPECT_EQ(pause.exit_code, 0) << pause.err;
+  ASSERT_OK_AND_ASSIGN(auto frozen, Cli({"exec", id, "--", "true"}));
+  EXPECT_NE(frozen.exit_code, 0);
+  EXPECT_NE(frozen.err.find("paused"), std::string::npos) << frozen.err;
+  ASSERT_OK_AND_ASSIGN(auto ls, Cli({"ls", "--json"}));
+  json list = json::parse(ls.out);
+  ASSERT_EQ(list.size(), 1u) << ls.out;
+  EXPECT_EQ(list[0]["id"], id);
+  EXPECT_EQ(list[0]["state"], "paused");
+  EXPECT_EQ(list[0]["layers"][0]["name"], "busybox");
+  ASSERT_OK_AND_ASSIGN(auto resume, Cli({"resume", id}));
+  EXPECT_EQ(resume.exit_code, 0) << resume.err;
+  ASSERT_OK_AND_ASSIGN(auto thawed, Cli({"exec", id, "--", "cat", "/root/state"}));
+  EXPECT_EQ(thawed.out, "kept\n") << thawed.err;
+
+  ASSERT_OK_AND_ASSIGN(auto destroy, Cli({"destroy", id}));
+  EXPECT_EQ(destroy.exit_code, 0) << destroy.err;
+  ASSERT_OK_AND_ASSIGN(auto gone, Cli({"exec", id, "--", "true"}));
+  EXPECT_NE(gone.exit_code, 0);
+  EXPECT_NE(gone.err.find("no such sandbox"), std::string::npos) << gone.err;
+  ExpectHostClean();
+
+  // `launcher run` goes through the daemon when one listens.
+  ASSERT_OK_AND_ASSIGN(auto run, Run({"--layer", "busybox:1", "--", "sh", "-c", "echo through the daemon; exit 4"}));
+  EXPECT_EQ(run.exit_code, 4) << run.err;
+  EXPECT_EQ(run.out, "through the daemon\n");
+  EXPECT_EQ(Metric("strata_sandbox_creations_total"), 2u);
+  EXPECT_EQ(Metric("strata_sandbox_destructions_total"), 2u);
+  EXPECT_EQ(Metric("strata_exec_duration_seconds_count"), 11u);
+  EXPECT_EQ(Metric("strata_sandboxes{state=\"running\"}"), 0u);
+  EXPECT_EQ(Metric("strata_layer_mounts"), 1u);
+}
+
+TEST_F(DaemonTest, ExecStreamsOutputAsItComes) {
+  StartDaemon();
+  ASSERT_OK_AND_ASSIGN(json info, client_->Create({{"layers", {"busybox:1"}}, {"store", store_url_}}));
+  std::string id = info["id"];
+  EXPECT_EQ(info["layers"].size(), 1u);
+  auto start = std::chrono::steady_clock::now();
+  std::optional<std::chrono::steady_clock::duration> first;
+  std::string out;
+  ASSERT_OK_AND_ASSIGN(auto r, client_->Exec(id, {{"argv", {"sh", "-c", "echo first; sleep 2; echo second"}}},
+                                            [&](int, std::string_view b) {
+                                              if (!first) first = std::chrono::steady_clock::now() - start;
+                                              out.append(b);
+                                            }));
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_EQ(out, "first\nsecond\n");
+  ASSERT_TRUE(first.has_value());
+  EXPECT_LT(*first, 1500ms);  // before the command ended (2 s later)
+  EXPECT_GE(std::chrono::steady_clock::now() - start, 2s);
+
+  // Unstreamed: one JSON answer with base64 output.
+  auto curl = RunCommand({.argv = {"curl", "-sS", "--unix-socket", socket_, "-X", "POST", "-d",
+                                   R"({"argv":["sh","-c","printf 'a\\0b'; echo e >&2; exit 5"],"stream":false})",
+                                   "http://launcher/v1/sandboxes/" + id + "/exec"}});
+  ASSERT_OK(curl.status());
+  json j = json::parse(curl->out, nullptr, false);
+  ASSERT_TRUE(j.is_object()) << curl->out << curl->err;
+  EXPECT_EQ(j["exit_code"], 5);
+  EXPECT_EQ(Base64Decode(j["stdout"].get<std::string>()).value_or("?"), std::string("a\0b", 3));
+  EXPECT_EQ(Base64Decode(j["stderr"].get<std::string>()).value_or("?"), "e\n");
+
+  // Bad requests name what is wrong.
+  auto bad = client_->Create({{"layers", json::array()}});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().ToString().find("layers"), std::string::npos) << bad.status().ToString();
+  auto unknown = client_->Create({{"layers", {"nope:1"}}, {"store", store_url_}});
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_NE(unknown.status().ToString().find("nope:1"), std::string::npos) << unknown.status().ToString();
+  auto noargv = client_->Exec(id, {{"argv", json::array()}}, [](int, std::string_view) {});
+  ASSERT_FALSE(noargv.ok());
+  EXPECT_NE(noargv.status().ToString().find("argv"), std::string::npos);
+  EXPECT_OK(client_->Destroy(id));
+}
+
+TEST_F(DaemonTest, EveryCallChecksAccess) {
+  // Root only by default: the socket is 0600.
+  StartDaemon();
+  struct stat st;
+  ASSERT_EQ(::stat(socket_.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  StopDaemon(SIGTERM);
+
+  // With a token, anyone may connect but only the token opens the API.
+  ASSERT_OK(WriteFileAtomic(dir_.Sub("token"), "s3cret-token\n"));
+  StartDaemon({"--token-file", dir_.Sub("token")});
+  ASSERT_EQ(::stat(socket_.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0666u);
+  auto as_nobody = [&](std::vector<std::string> extra) {
+    std::vector<std::string> argv = {"setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "curl", "-s",
+                                     "-o", "/dev/null", "-w", "%{http_code}", "--unix-socket", socket_};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    argv.push_back("http://launcher/v1/sandboxes");
+    auto r = RunCommand({.argv = argv});
+    return r.ok() ? r->out : r.status().ToString();
+  };
+  EXPECT_EQ(as_nobody({}), "403");
+  EXPECT_EQ(as_nobody({"-H", "Authorization: Bearer wrong-token!"}), "403");
+  EXPECT_EQ(as_nobody({"-H", "Authorization: Bearer s3cret-token"}), "200");
+  EXPECT_EQ(as_nobody({"-X", "POST", "-d", R"({"layers":["busybox:1"]})"}), "403");  // every call, not just reads
+  LauncherClient with_token(socket_, "s3cret-token");
+  EXPECT_OK(with_token.List().status());
+
+  // Group membership, as the server decides it from the peer's credentials.
+  HttpServer::Request req;
+  req.peer_uid = 1000;
+  req.peer_gid = 4242;
+  req.peer_pid = ::getpid();
+  ServeOptions options;
+  EXPECT_TRUE(LauncherServer::Allowed(req, options, 4242));
+  EXPECT_FALSE(LauncherServer::Allowed(req, options, 4243));
+  req.peer_uid = 0;
+  EXPECT_TRUE(LauncherServer::Allowed(req, options, static_cast<gid_t>(-1)));
+}
+
+TEST_F(DaemonTest, ARestartedDaemonReadoptsLiveSandboxesAndRemovesDeadOnes) {
+  StartDaemon();
+  std::string live = Create(), paused = Create(), dead = Create();
+  ASSERT_OK_AND_ASSIGN(auto mark, Cli({"exec", live, "--", "sh", "-c", "echo before > /root/mark"}));
+  ASSERT_EQ(mark.exit_code, 0) << mark.err;
+  ASSERT_OK_AND_ASSIGN(auto pause, Cli({"pause", paused}));
+  ASSERT_EQ(pause.exit_code, 0) << pause.err;
+
+  StopDaemon(SIGKILL);
+  KillSandboxProcesses(dead);
+  StartDaemon();
+
+  ASSERT_OK_AND_ASSIGN(auto ls, Cli({"ls", "--json"}));
+  std::map<std::string, std::string> states;
+  for (const auto& s : json::parse(ls.out)) states[s["id"]] = s["state"];
+  EXPECT_EQ(states, (std::map<std::string, std::string>{{live, "running"}, {paused, "paused"}})) << ls.out;
+  ASSERT_OK_AND_ASSIGN(auto read, Cli({"exec", live, "--", "cat", "/root/mark"}));
+  EXPECT_EQ(read.out, "before\n") << read.err;
+  ASSERT_OK_AND_ASSIGN(auto resume, Cli({"resume", paused}));
+  EXPECT_EQ(resume.exit_code, 0) << resume.err;
+  ASSERT_OK_AND_ASSIGN(auto after, Cli({"exec", paused, "--", "echo", "thawed"}));
+  EXPECT_EQ(after.out, "thawed\n") << after.err;
+  // Nothing of the dead one is left.
+  EXPECT_NE(::access(dir_.Sub("run/" + dead).c_str(), F_OK), 0);
+  EXPECT_FALSE(UpperNames().count(dead));
+  EXPECT_NE(::access(StrCat("/sys/fs/cgroup/memory/", cgroup_parent_, "/", dead).c_str(), F_OK), 0);
+  auto log = ReadFileToString(dir_.Sub("daemon.log")).value_or("");
+  EXPECT_NE(log.find("re-adopted 2 sandboxes, removed 1"), std::string::npos) << log;
+}
+
+TEST_F(DaemonTest, RandomKillsOfSandboxesAndTheDaemonLeaveTheHostClean) {
+  StartDaemon();
+  std::atomic<bool> stop{false};
+  std::atomic<int> cycles{0};
+  std::mutex ids_mu;
+  std::vector<std::string> ids;  // sandboxes that were created (some still live)
+  auto worker = [&](int seed) {
+    std::mt19937 rng(static_cast<unsigned>(seed));
+    LauncherClient client(socket_);
+    while (!stop) {
+      auto info = client.Create({{"layers", {"busybox:1"}}, {"store", store_url_}});
+      if (!info.ok()) {
+        std::this_thread::sleep_for(50ms);
+        continue;
+      }
+      std::string id = (*info)["id"];
+      {
+        std::lock_guard lock(ids_mu);
+        ids.push_back(id);
+      }
+      client.Exec(id, {{"argv", {"sh", "-c", "echo x > /tmp/x; sleep 0.$((RANDOM % 3))"}}}, [](int, std::string_view) {}).status().IgnoreError();
+      if (rng() % 4 != 0) client.Destroy(id).IgnoreError();  // some are left for the daemon to recover
+      ++cycles;
+    }
+  };
+  std::thread a(worker, 1), b(worker, 2);
+  std::mt19937 rng(7);
+  for (int round = 0; round < 8; ++round) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300 + rng() % 700));
+    if (round % 2 == 0) {
+      StopDaemon(SIGKILL);
+      std::this_thread::sleep_for(std::chrono::milliseconds(rng() % 200));
+      StartDaemon();
+    } else {
+      std::lock_guard lock(ids_mu);
+      if (!ids.empty()) KillSandboxProcesses(ids[rng() % ids.size()]);
+    }
+  }
+  stop = true;
+  a.join();
+  b.join();
+  EXPECT_GT(cycles.load(), 4);
+  // One last restart recovers what the last round left; then every sandbox
+  // is destroyed and the host must be as before.
+  StopDaemon(SIGKILL);
+  StartDaemon();
+  for (const auto& s : client_->List().value_or(json::array())) EXPECT_OK(client_->Destroy(s["id"].get<std::string>()));
+  StopDaemon(SIGTERM);
+  ExpectHostClean();
+  for (const auto& id : ids) EXPECT_NE(::access(StrCat("/run/crun/", id).c_str(), F_OK), 0) << "runtime state left: " << id;
+}
+
+}  // namespace
+}  // namespace strata::launcher
