@@ -543,7 +543,7 @@ Result<HttpResponse> HttpClient::Perform(const HttpRequest& request, std::string
         last_errno = checked.code();
         last_status = 0;
         retry = true;
-      } else if (response.status >= 500 || response.status == 429) {
+      } else if ((response.status >= 500 || response.status == 429) && !request.any_status) {
         last = response.status_line.empty() ? StrCat("HTTP ", response.status) : response.status_line;
         if (auto ra = response.Header("retry-after")) last += StrCat(", Retry-After: ", *ra);
         last_status = response.status;

@@ -84,6 +84,9 @@ struct HttpRequest {
   // (retried like a broken connection): for answers that are well-formed
   // HTTP but not what was asked for, such as a wrong Content-Range.
   std::function<Status(const struct HttpResponse&)> check;
+  // Every answer, 5xx too, is returned as it is (never retried): for APIs
+  // whose error bodies say what went wrong.
+  bool any_status = false;
 };
 
 struct HttpResponse {

@@ -2,10 +2,20 @@
 #include "launcher/agent.h"
 
 #include <fcntl.h>
+#include <linux/capability.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <net/if.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
+#include <sys/ioctl.h>
+#include <sys/mount.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -15,6 +25,7 @@
 #include <vector>
 
 #include "launcher/agent_protocol.h"
+#include "launcher/oci_config.h"
 
 namespace strata::launcher {
 
@@ -42,7 +53,171 @@ Status MakeParents(const std::string& path) {
   return OkStatus();
 }
 
+// ---- Function calls: everything below runs in a forked child of a
+// multi-threaded process, so it keeps to async-signal-safe calls.
+
+struct CallSpec {
+  char** argv;
+  char** envp;
+  const char* cwd;
+  int error_fd;         // the errno of a failed step goes here
+  bool new_network;
+  const std::string* seccomp;  // raw BPF
+};
+
+[[noreturn]] void FailCall(int error_fd, int e) {
+  ssize_t w = ::write(error_fd, &e, sizeof e);
+  (void)w;
+  ::_exit(127);
+}
+
+// The call's own /proc (masked as the container's would be), /tmp and
+// /dev/shm, in its own mount namespace.
+int SetUpCallMounts() {
+  if (::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) return errno;
+  if (::mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777") != 0) return errno;
+  struct stat st;
+  if (::stat("/dev/shm", &st) == 0 && ::mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "mode=1777") != 0) {
+    return errno;
+  }
+  if (::mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, nullptr) != 0) return errno;
+  for (const char* p : kMaskedPaths) {
+    if (::stat(p, &st) != 0) continue;
+    int rc = S_ISDIR(st.st_mode) ? ::mount("tmpfs", p, "tmpfs", MS_RDONLY, "size=0")
+                                 : ::mount("/dev/null", p, nullptr, MS_BIND, nullptr);
+    if (rc != 0) return errno;
+  }
+  for (const char* p : kReadonlyPaths) {
+    if (::stat(p, &st) != 0) continue;
+    if (::mount(p, p, nullptr, MS_BIND | MS_REC, nullptr) != 0) return errno;
+    if (::mount(nullptr, p, nullptr, MS_BIND | MS_REMOUNT | MS_RDONLY, nullptr) != 0) return errno;
+  }
+  return 0;
+}
+
+int LoopbackUp() {
+  int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return errno;
+  ifreq ifr{};
+  std::memcpy(ifr.ifr_name, "lo", 3);
+  int e = 0;
+  if (::ioctl(fd, SIOCGIFFLAGS, &ifr) != 0) e = errno;
+  ifr.ifr_flags = static_cast<short>(ifr.ifr_flags | IFF_UP | IFF_RUNNING);
+  if (!e && ::ioctl(fd, SIOCSIFFLAGS, &ifr) != 0) e = errno;
+  ::close(fd);
+  return e;
+}
+
+// The command keeps the container's usual capabilities, not the two the
+// agent holds to build its namespaces, and runs under the default seccomp
+// profile.
+int DropCallPrivileges(const std::string& seccomp) {
+  constexpr int kDropped[] = {CAP_SYS_ADMIN, CAP_NET_ADMIN};
+  for (int cap : kDropped) {
+    if (::prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0) return errno;
+  }
+  __user_cap_header_struct header{_LINUX_CAPABILITY_VERSION_3, 0};
+  __user_cap_data_struct data[2];
+  if (::syscall(SYS_capget, &header, data) != 0) return errno;
+  for (int cap : kDropped) {
+    const uint32_t bit = 1u << (cap % 32);
+    data[cap / 32].effective &= ~bit;
+    data[cap / 32].permitted &= ~bit;
+    data[cap / 32].inheritable &= ~bit;
+  }
+  if (::syscall(SYS_capset, &header, data) != 0) return errno;
+  if (::prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) != 0) return errno;
+  sock_fprog prog{static_cast<unsigned short>(seccomp.size() / sizeof(sock_filter)),
+                  reinterpret_cast<sock_filter*>(const_cast<char*>(seccomp.data()))};
+  if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) return errno;
+  if (::prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) != 0) return errno;
+  return 0;
+}
+
+// PID 1 of the call: prepares the namespaces, runs the command as its
+// child, reaps whatever else the command leaves, and reports the command's
+// wait status on `status_fd`. When it exits the kernel kills everything
+// left in the call's PID namespace.
+[[noreturn]] void CallInit(const CallSpec& c, int status_fd) {
+  int e = SetUpCallMounts();
+  if (!e && c.new_network) e = LoopbackUp();
+  if (e) FailCall(c.error_fd, e);
+  pid_t cmd = ::fork();
+  if (cmd < 0) FailCall(c.error_fd, errno);
+  if (cmd == 0) {
+    ::close(status_fd);
+    e = DropCallPrivileges(*c.seccomp);
+    if (!e && ::chdir(c.cwd) != 0) e = errno;
+    if (!e) {
+      ::environ = c.envp;
+      ::execvp(c.argv[0], c.argv);
+      e = errno;
+    }
+    FailCall(c.error_fd, e);
+  }
+  ::close(c.error_fd);
+  for (int fd = 0; fd <= 2; ++fd) ::close(fd);  // the pipes end with the command's tree
+  while (true) {
+    int status = 0;
+    pid_t p = ::waitpid(-1, &status, 0);
+    if (p == cmd) {
+      ssize_t w = ::write(status_fd, &status, sizeof status);
+      (void)w;
+      ::_exit(0);
+    }
+    if (p < 0 && errno != EINTR) ::_exit(0);
+  }
+}
+
+// The agent's child for a call: new namespaces, then the call's init; ends
+// the way the command ended, so the agent sees its exit code or signal.
+[[noreturn]] void RunCall(const CallSpec& c) {
+  int flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS | (c.new_network ? CLONE_NEWNET : 0);
+  if (::unshare(flags) != 0) FailCall(c.error_fd, errno);
+  int status_pipe[2];
+  if (::pipe2(status_pipe, O_CLOEXEC) != 0) FailCall(c.error_fd, errno);
+  pid_t init = ::fork();
+  if (init < 0) FailCall(c.error_fd, errno);
+  if (init == 0) {
+    ::close(status_pipe[0]);
+    CallInit(c, status_pipe[1]);
+  }
+  ::close(status_pipe[1]);
+  ::close(c.error_fd);
+  rlimit no_core{0, 0};
+  ::setrlimit(RLIMIT_CORE, &no_core);  // relaying a SIGSEGV must not dump this process
+  int init_status = 0;
+  while (::waitpid(init, &init_status, 0) < 0 && errno == EINTR) {
+  }
+  int status = 0;
+  if (::read(status_pipe[0], &status, sizeof status) != sizeof status) status = init_status;  // init itself was killed
+  if (WIFEXITED(status)) ::_exit(WEXITSTATUS(status));
+  const int sig = WTERMSIG(status);
+  ::signal(sig, SIG_DFL);
+  sigset_t only;
+  sigemptyset(&only);
+  sigaddset(&only, sig);
+  ::sigprocmask(SIG_UNBLOCK, &only, nullptr);
+  ::kill(::getpid(), sig);
+  ::_exit(128 + sig);
+}
+
 }  // namespace
+
+const std::string* Agent::CallSeccomp() {
+  std::lock_guard lock(mu_);
+  if (call_seccomp_.empty()) {
+    UniqueFd fd(::open((std::string(kAgentSocketDir) + "/" + kCallSeccompName).c_str(), O_RDONLY | O_CLOEXEC));
+    if (!fd) return nullptr;
+    char buf[4096];
+    ssize_t n;
+    std::string bpf;
+    while ((n = ::read(fd.get(), buf, sizeof buf)) > 0) bpf.append(buf, static_cast<size_t>(n));
+    if (bpf.empty() || bpf.size() % sizeof(sock_filter) != 0) return nullptr;
+    call_seccomp_ = std::move(bpf);
+  }
+  return &call_seccomp_;
+}
 
 void Agent::ReapLoop() {
   while (true) {
@@ -91,6 +266,16 @@ Status Agent::Exec(int conn, const json& req) {
   const int64_t timeout_ms = req.value("timeout_ms", int64_t{0});
   const uint64_t caps[2] = {req.value("stdout_cap", uint64_t{1} << 20), req.value("stderr_cap", uint64_t{1} << 20)};
   const bool want_stdin = req.value("stdin", false);
+  const bool isolate = req.value("isolate", false);
+  const bool isolate_network = req.value("isolate_network", true);
+  const std::string* call_seccomp = nullptr;
+  if (isolate) {
+    call_seccomp = CallSeccomp();
+    if (!call_seccomp) return SendError(conn, Error(ENOENT, "call: no seccomp program in " + std::string(kAgentSocketDir)));
+    for (const char* dir : {"/tmp", "/proc"}) {
+      if (::access(dir, F_OK) != 0) return SendError(conn, Error(ENOENT, std::string("call: the image has no ") + dir + " to mount the call's own on"));
+    }
+  }
   bool has_path = false;
   for (const auto& e : env) has_path |= e.starts_with("PATH=");
   if (!has_path) env.push_back(std::string("PATH=") + kDefaultPath);
@@ -123,6 +308,7 @@ Status Agent::Exec(int conn, const json& req) {
       ::dup2(in_r.get(), 0);
       ::dup2(out_w.get(), 1);
       ::dup2(err_w.get(), 2);
+      if (isolate) RunCall({cargv.data(), cenv.data(), cwd.c_str(), err_pipe_w.get(), isolate_network, call_seccomp});
       int e = 0;
       if (::chdir(cwd.c_str()) != 0) e = errno;
       if (!e) {

@@ -30,12 +30,16 @@ class Agent {
   Status Get(int conn, const nlohmann::json& request);
   // Waits for child `pid` (registered before it could exit) to be reaped.
   int WaitChild(pid_t pid);
+  // The seccomp program each function call loads (read once); null when
+  // the sandbox has none.
+  const std::string* CallSeccomp();
 
   std::mutex mu_;  // held across fork() so the reaper cannot miss a child
   std::condition_variable cv_;
   std::map<pid_t, int> children_;  // pid -> wait status, -1 while running
   uint64_t spawned_ = 0;           // children started so far (wakes the reaper)
   bool shutting_down_ = false;
+  std::string call_seccomp_;
 };
 
 }  // namespace strata::launcher

@@ -75,7 +75,9 @@ Result<ExecResult> AgentClient::Exec(const ExecRequest& request, const OutputSin
               {"timeout_ms", std::chrono::duration_cast<std::chrono::milliseconds>(request.timeout).count()},
               {"stdout_cap", request.stdout_cap},
               {"stderr_cap", request.stderr_cap},
-              {"stdin", request.stdin_data.has_value()}};
+              {"stdin", request.stdin_data.has_value()},
+              {"isolate", request.isolate},
+              {"isolate_network", request.isolate_network}};
   STRATA_RETURN_IF_ERROR(WriteFrame(fd.get(), Frame::kExec, req.dump()));
   // Stdin goes on its own thread while output comes back on this one: the
   // command may answer before it has read everything.

@@ -22,6 +22,10 @@ struct ExecRequest {
   uint64_t stdout_cap = uint64_t{1} << 20;
   uint64_t stderr_cap = uint64_t{1} << 20;
   std::optional<std::string> stdin_data;
+  // A function call: fresh pid, mount, ipc, uts (and, unless the sandbox
+  // has the host's, network) namespaces, a private /tmp, no privileges.
+  bool isolate = false;
+  bool isolate_network = true;  // false: the call shares the sandbox's network
 };
 
 struct ExecResult {

@@ -30,6 +30,7 @@ Result<std::string> LauncherClient::Call(const std::string& method, const std::s
   r.url = "http://launcher" + path;
   r.body = body;
   r.sink = sink;
+  r.any_status = true;
   if (!token_.empty()) r.headers.push_back("Authorization: Bearer " + token_);
   STRATA_ASSIGN_OR_RETURN(cache::HttpResponse response, http_->Perform(r, method + " " + path));
   if (response.status / 100 != 2) {
@@ -122,6 +123,11 @@ Result<json> LauncherClient::Snapshot(const std::string& id, const std::string& 
 }
 
 Status LauncherClient::Destroy(const std::string& id) { return Call("DELETE", "/v1/sandboxes/" + id, "").status(); }
+
+Result<json> LauncherClient::Info(const std::string& id) {
+  STRATA_ASSIGN_OR_RETURN(std::string body, Call("GET", "/v1/sandboxes/" + id, ""));
+  return ParseJson(body);
+}
 
 Result<json> LauncherClient::List() {
   STRATA_ASSIGN_OR_RETURN(std::string body, Call("GET", "/v1/sandboxes", ""));

@@ -31,6 +31,7 @@ class LauncherClient {
   Result<nlohmann::json> Snapshot(const std::string& id, const std::string& tag);
   Status Destroy(const std::string& id);
   Result<nlohmann::json> List();
+  Result<nlohmann::json> Info(const std::string& id);
   Result<std::string> Metrics();
 
  private:

@@ -21,6 +21,17 @@ using nlohmann::json;
 namespace {
 
 constexpr size_t kLatencySamples = 4096;
+// How long an unused function-call pool stays warm.
+constexpr auto kPoolGrace = std::chrono::seconds(30);
+
+std::string PoolKey(const SandboxSpec& spec) {
+  return StrCat(Join(spec.layers, ","), "|", cache::DefaultStoreUrl(spec.store), "|", spec.limits.cpus, "|", spec.limits.memory,
+                "|", spec.limits.pids, "|", spec.host_network ? "host" : "none");
+}
+
+json CallSpecJson(const SandboxSpec& spec) {
+  return {{"layers", spec.layers}, {"env", spec.env}, {"workdir", spec.workdir}};
+}
 
 std::string NewSandboxId() {
   static std::mt19937_64 rng{std::random_device{}() ^ static_cast<uint64_t>(::getpid())};
@@ -47,17 +58,76 @@ Result<std::unique_ptr<SandboxManager>> SandboxManager::Open(NodeConfig node, co
   }
   Status s = m->Recover();
   if (!s.ok()) return s.Annotate("recover sandboxes from " + state_dir);
+  m->reaper_ = std::thread([p = m.get()] {
+    std::unique_lock lock(p->pools_mu_);
+    while (!p->reaper_cv_.wait_for(lock, std::chrono::seconds(5), [p] { return p->stopping_; })) {
+      lock.unlock();
+      p->ReapPools(false);
+      lock.lock();
+    }
+  });
   return m;
 }
 
 SandboxManager::~SandboxManager() {
-  // Sandboxes outlive the daemon (a restart re-adopts them): nothing is
-  // destroyed here, the objects just let go.
+  {
+    std::lock_guard lock(pools_mu_);
+    stopping_ = true;
+  }
+  reaper_cv_.notify_all();
+  if (reaper_.joinable()) reaper_.join();
+  // Idle pools are only a cache: they go. Sandboxes outlive the daemon (a
+  // restart re-adopts them): the objects just let go.
+  ReapPools(true);
   std::lock_guard lock(mu_);
   for (auto& [id, entry] : sandboxes_) {
     std::lock_guard entry_lock(entry->mu);
     if (entry->sandbox) entry->sandbox->Release();
   }
+  std::lock_guard pools_lock(pools_mu_);
+  for (auto& [key, pool] : pools_) pool->warm->Release();
+}
+
+json SandboxManager::Entry::Info() const {
+  if (sandbox) return sandbox->Info();
+  json info = pool->warm->Info();
+  info["id"] = id;
+  info["backend"] = "fncall";
+  info["state"] = "running";
+  info["pool"] = pool->warm->id();
+  info["created"] = created;
+  return info;
+}
+
+void SandboxManager::ReapPools(bool all) {
+  std::vector<std::shared_ptr<Pool>> idle;
+  {
+    std::lock_guard lock(pools_mu_);
+    const auto now = std::chrono::steady_clock::now();
+    for (auto it = pools_.begin(); it != pools_.end();) {
+      if (it->second->users == 0 && (all || now - it->second->idle_since > kPoolGrace)) {
+        idle.push_back(it->second);
+        it = pools_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (auto& pool : idle) {
+    const std::string id = pool->warm->id();
+    Status s = pool->warm->Destroy();
+    if (!s.ok()) STRATA_LOG(kWarn) << "remove function-call pool " << id << ": " << s.ToString();
+    Forget(id).IgnoreError();
+  }
+}
+
+Result<Sandbox*> SandboxManager::Container(Entry& entry, const char* what) {
+  if (entry.pool) {
+    return Error(ENOTSUP, StrCat(what, ": sandbox ", entry.id, " is a function-call sandbox: every call starts from the "
+                                 "read-only image, so there are no files to change, nothing to pause and nothing to snapshot"));
+  }
+  if (!entry.sandbox) return Error(ENOENT, StrCat("sandbox ", entry.id, " is being destroyed"));
+  return entry.sandbox.get();
 }
 
 Status SandboxManager::Record(const std::string& id, const json& record) {
@@ -88,11 +158,50 @@ Status SandboxManager::Recover() {
       records.emplace_back(std::string(k), json::parse(v, nullptr, false));
     }
   }
+  // Function-call pools first (their users attach to them), then the
+  // sandboxes.
+  std::stable_partition(records.begin(), records.end(),
+                        [](const auto& r) { return r.second.is_object() && r.second.value("kind", "") == "pool"; });
   for (auto& [id, record] : records) {
     const std::string status = record.is_object() ? record.value("status", "") : "";
+    if (record.is_object() && record.value("backend", "") == "fncall") {
+      std::shared_ptr<Pool> pool;
+      for (auto& [key, p] : pools_) {
+        if (p->warm->id() == record.value("pool", "")) pool = p;
+      }
+      if (pool && status == "running") {
+        auto entry = std::make_shared<Entry>();
+        entry->pool = pool;
+        entry->id = id;
+        entry->created = record.value("created", int64_t{0});
+        const json spec = record.value("spec", json::object());
+        entry->spec.layers = spec.value("layers", std::vector<std::string>{});
+        entry->spec.env = spec.value("env", std::vector<std::string>{});
+        entry->spec.workdir = spec.value("workdir", std::string("/"));
+        entry->spec.backend = "fncall";
+        ++pool->users;
+        sandboxes_[id] = entry;
+        ++recovery_.adopted;
+      } else {
+        STRATA_LOG(kWarn) << "removing function-call sandbox " << id << " (its pool is gone)";
+        STRATA_RETURN_IF_ERROR(Forget(id));
+        ++recovery_.removed;
+      }
+      continue;
+    }
     auto sandbox = Sandbox::Adopt(id, node_);
-    if (sandbox.ok() && (status == "running" || status == "paused") && (*sandbox)->Alive()) {
+    if (sandbox.ok() && status == "running" && record.value("kind", "") == "pool" && (*sandbox)->Alive()) {
+      auto pool = std::make_shared<Pool>();
+      pool->key = record.value("key", "");
+      pool->warm = std::move(*sandbox);
+      pool->idle_since = std::chrono::steady_clock::now();
+      pools_[pool->key] = pool;
+      STRATA_LOG(kInfo) << "re-adopted function-call pool " << id;
+      continue;
+    }
+    if (sandbox.ok() && (status == "running" || status == "paused") && record.value("kind", "") != "pool" && (*sandbox)->Alive()) {
       auto entry = std::make_shared<Entry>();
+      entry->id = id;
       entry->sandbox = std::move(*sandbox);
       sandboxes_[id] = entry;
       ++recovery_.adopted;
@@ -120,7 +229,9 @@ Status SandboxManager::Recover() {
     std::vector<std::string> orphans;
     while (dirent* e = ::readdir(dir)) {
       std::string name = e->d_name;
-      if (name.starts_with("sb-") && !sandboxes_.count(name)) orphans.push_back(name);
+      bool pool = false;
+      for (auto& [key, p] : pools_) pool |= p->warm->id() == name;
+      if (name.starts_with("sb-") && !sandboxes_.count(name) && !pool) orphans.push_back(name);
     }
     ::closedir(dir);
     for (const auto& id : orphans) {
@@ -149,7 +260,76 @@ Status SandboxManager::Recover() {
   return OkStatus();
 }
 
+Result<json> SandboxManager::CreateCall(SandboxSpec spec) {
+  const std::string key = PoolKey(spec);
+  std::shared_ptr<Pool> pool;
+  {
+    std::lock_guard lock(pools_mu_);
+    if (auto it = pools_.find(key); it != pools_.end()) {
+      pool = it->second;
+      ++pool->users;
+    }
+  }
+  if (!pool) {
+    // A new warm sandbox for this stack (two first creations may race: the
+    // loser's goes again).
+    SandboxSpec warm_spec = spec;
+    warm_spec.id = NewSandboxId();
+    warm_spec.env.clear();
+    warm_spec.workdir = "/";
+    STRATA_RETURN_IF_ERROR(Record(warm_spec.id, {{"status", "creating"}, {"kind", "pool"}, {"key", key}}));
+    auto warm = Sandbox::Create(warm_spec, node_);
+    if (!warm.ok()) {
+      ++creation_failures_;
+      Forget(warm_spec.id).IgnoreError();
+      return warm.status();
+    }
+    if (Status s = Record(warm_spec.id, {{"status", "running"}, {"kind", "pool"}, {"key", key}}); !s.ok()) {
+      (*warm)->Destroy().IgnoreError();
+      Forget(warm_spec.id).IgnoreError();
+      return s;
+    }
+    std::unique_ptr<Sandbox> spare;
+    {
+      std::lock_guard lock(pools_mu_);
+      auto& slot = pools_[key];
+      if (!slot) {
+        slot = std::make_shared<Pool>();
+        slot->key = key;
+        slot->warm = std::move(*warm);
+      } else {
+        spare = std::move(*warm);
+      }
+      pool = slot;
+      ++pool->users;
+    }
+    if (spare) {
+      spare->Destroy().IgnoreError();
+      Forget(warm_spec.id).IgnoreError();
+    }
+  }
+  auto entry = std::make_shared<Entry>();
+  entry->id = spec.id.empty() ? NewSandboxId() : spec.id;
+  entry->created = static_cast<int64_t>(::time(nullptr));
+  entry->pool = pool;
+  entry->spec = spec;
+  Status s = Record(entry->id, {{"status", "running"}, {"backend", "fncall"}, {"pool", pool->warm->id()},
+                                {"created", entry->created}, {"spec", CallSpecJson(spec)}});
+  if (!s.ok()) {
+    std::lock_guard lock(pools_mu_);
+    if (--pool->users == 0) pool->idle_since = std::chrono::steady_clock::now();
+    return s;
+  }
+  {
+    std::lock_guard lock(mu_);
+    sandboxes_[entry->id] = entry;
+  }
+  ++creations_;
+  return entry->Info();
+}
+
 Result<json> SandboxManager::Create(SandboxSpec spec) {
+  if (spec.backend == "fncall") return CreateCall(std::move(spec));
   if (spec.id.empty()) spec.id = NewSandboxId();
   const std::string id = spec.id;
   // Recorded before anything exists, so a crash in the middle is cleaned up.
@@ -168,6 +348,7 @@ Result<json> SandboxManager::Create(SandboxSpec spec) {
     return s;
   }
   auto entry = std::make_shared<Entry>();
+  entry->id = id;
   entry->sandbox = std::move(*sandbox);
   {
     std::lock_guard lock(mu_);
@@ -187,11 +368,19 @@ Result<std::shared_ptr<SandboxManager::Entry>> SandboxManager::Find(const std::s
 Result<ExecResult> SandboxManager::Exec(const std::string& id, ExecRequest request, const OutputSink& sink) {
   STRATA_ASSIGN_OR_RETURN(auto entry, Find(id));
   Sandbox* sb;
+  std::shared_ptr<Pool> pool;  // held while the call runs
   {
     std::lock_guard lock(entry->mu);
-    if (!entry->sandbox) return Error(ENOENT, StrCat("sandbox ", id, " is being destroyed"));
-    if (entry->sandbox->paused()) return Error(EAGAIN, StrCat("sandbox ", id, " is paused; resume it first"));
-    sb = entry->sandbox.get();
+    if (entry->gone()) return Error(ENOENT, StrCat("sandbox ", id, " is being destroyed"));
+    if (entry->pool) {
+      pool = entry->pool;
+      sb = pool->warm.get();
+      if (request.env.empty()) request.env = entry->spec.env;
+      if (request.cwd.empty() || request.cwd == "/") request.cwd = entry->spec.workdir;
+    } else {
+      if (entry->sandbox->paused()) return Error(EAGAIN, StrCat("sandbox ", id, " is paused; resume it first"));
+      sb = entry->sandbox.get();
+    }
   }
   // No lock while the command runs: a destroy ends it (the agent goes).
   auto start = std::chrono::steady_clock::now();
@@ -211,39 +400,53 @@ Result<ExecResult> SandboxManager::Exec(const std::string& id, ExecRequest reque
 Status SandboxManager::Put(const std::string& id, const std::string& path, std::string_view data, uint32_t mode) {
   STRATA_ASSIGN_OR_RETURN(auto entry, Find(id));
   std::lock_guard lock(entry->mu);
-  if (!entry->sandbox) return Error(ENOENT, StrCat("sandbox ", id, " is being destroyed"));
-  return entry->sandbox->agent().Put(path, data, mode, std::nullopt);
+  STRATA_ASSIGN_OR_RETURN(Sandbox * sb, Container(*entry, "put"));
+  return sb->agent().Put(path, data, mode, std::nullopt);
 }
 
 Result<std::string> SandboxManager::Get(const std::string& id, const std::string& path) {
   STRATA_ASSIGN_OR_RETURN(auto entry, Find(id));
   std::lock_guard lock(entry->mu);
-  if (!entry->sandbox) return Error(ENOENT, StrCat("sandbox ", id, " is being destroyed"));
-  return entry->sandbox->agent().Get(path);
+  STRATA_ASSIGN_OR_RETURN(Sandbox * sb, Container(*entry, "get"));
+  return sb->agent().Get(path);
 }
 
 Status SandboxManager::Pause(const std::string& id) {
   STRATA_ASSIGN_OR_RETURN(auto entry, Find(id));
   std::lock_guard lock(entry->mu);
-  if (!entry->sandbox) return Error(ENOENT, StrCat("sandbox ", id, " is being destroyed"));
-  if (entry->sandbox->paused()) return OkStatus();
-  return entry->sandbox->Pause();
+  STRATA_ASSIGN_OR_RETURN(Sandbox * sb, Container(*entry, "pause"));
+  if (sb->paused()) return OkStatus();
+  return sb->Pause();
 }
 
 Status SandboxManager::Resume(const std::string& id) {
   STRATA_ASSIGN_OR_RETURN(auto entry, Find(id));
   std::lock_guard lock(entry->mu);
-  if (!entry->sandbox) return Error(ENOENT, StrCat("sandbox ", id, " is being destroyed"));
-  if (!entry->sandbox->paused()) return OkStatus();
-  return entry->sandbox->Resume();
+  STRATA_ASSIGN_OR_RETURN(Sandbox * sb, Container(*entry, "resume"));
+  if (!sb->paused()) return OkStatus();
+  return sb->Resume();
 }
 
 Status SandboxManager::Destroy(const std::string& id) {
   STRATA_ASSIGN_OR_RETURN(auto entry, Find(id));
   std::unique_ptr<Sandbox> sandbox;
+  std::shared_ptr<Pool> pool;
   {
     std::lock_guard lock(entry->mu);
     sandbox = std::move(entry->sandbox);
+    pool = std::move(entry->pool);
+  }
+  if (pool) {  // the pool stays warm for the next one
+    {
+      std::lock_guard lock(mu_);
+      sandboxes_.erase(id);
+    }
+    {
+      std::lock_guard lock(pools_mu_);
+      if (--pool->users == 0) pool->idle_since = std::chrono::steady_clock::now();
+    }
+    ++destructions_;
+    return Forget(id);
   }
   if (!sandbox) return Error(ENOENT, StrCat("sandbox ", id, " is being destroyed"));
   STRATA_RETURN_IF_ERROR(Record(id, {{"status", "destroying"}}));
@@ -261,8 +464,8 @@ Status SandboxManager::Destroy(const std::string& id) {
 Result<json> SandboxManager::Info(const std::string& id) {
   STRATA_ASSIGN_OR_RETURN(auto entry, Find(id));
   std::lock_guard lock(entry->mu);
-  if (!entry->sandbox) return Error(ENOENT, StrCat("sandbox ", id, " is being destroyed"));
-  return entry->sandbox->Info();
+  if (entry->gone()) return Error(ENOENT, StrCat("sandbox ", id, " is being destroyed"));
+  return entry->Info();
 }
 
 json SandboxManager::List() {
@@ -274,7 +477,7 @@ json SandboxManager::List() {
   json out = json::array();
   for (auto& e : entries) {
     std::lock_guard lock(e->mu);
-    if (e->sandbox) out.push_back(e->sandbox->Info());
+    if (!e->gone()) out.push_back(e->Info());
   }
   return out;
 }
@@ -289,8 +492,8 @@ std::string SandboxManager::Metrics() {
     }
     for (auto& e : entries) {
       std::lock_guard lock(e->mu);
-      if (!e->sandbox) continue;
-      (e->sandbox->paused() ? paused : running)++;
+      if (e->gone()) continue;
+      (e->sandbox && e->sandbox->paused() ? paused : running)++;
     }
   }
   std::vector<double> samples;
@@ -314,6 +517,13 @@ std::string SandboxManager::Metrics() {
   out += "# HELP strata_sandboxes Sandboxes by state.\n# TYPE strata_sandboxes gauge\n";
   out += StrCat("strata_sandboxes{state=\"running\"} ", running, "\n");
   out += StrCat("strata_sandboxes{state=\"paused\"} ", paused, "\n");
+  size_t pools = 0;
+  {
+    std::lock_guard lock(pools_mu_);
+    pools = pools_.size();
+  }
+  out += "# HELP strata_fncall_pools Warm function-call pools.\n# TYPE strata_fncall_pools gauge\n";
+  out += StrCat("strata_fncall_pools ", pools, "\n");
   out += "# HELP strata_sandbox_creations_total Sandboxes created.\n# TYPE strata_sandbox_creations_total counter\n";
   out += StrCat("strata_sandbox_creations_total ", creations_.load(), "\n");
   out += "# HELP strata_sandbox_creation_failures_total Sandbox creations that failed.\n# TYPE strata_sandbox_creation_failures_total counter\n";

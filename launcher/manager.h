@@ -5,10 +5,13 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -50,14 +53,36 @@ class SandboxManager {
   const Recovery& recovery() const { return recovery_; }
 
  private:
+  // A function-call pool: one warm, read-only sandbox per layer stack and
+  // limits, shared by every fncall sandbox created with them; each exec is
+  // a fresh, isolated call in it. Kept warm for kPoolGrace after its last
+  // user goes.
+  struct Pool {
+    std::string key;
+    std::unique_ptr<Sandbox> warm;
+    int users = 0;
+    std::chrono::steady_clock::time_point idle_since;
+  };
   struct Entry {
     std::mutex mu;  // serializes lifecycle changes (pause, resume, destroy)
-    std::unique_ptr<Sandbox> sandbox;
+    std::unique_ptr<Sandbox> sandbox;  // container back end
+    std::shared_ptr<Pool> pool;        // fncall back end
+    SandboxSpec spec;                  // fncall: the caller's (env, workdir)
+    std::string id;
+    int64_t created = 0;
+    bool gone() const { return !sandbox && !pool; }
+    nlohmann::json Info() const;
   };
 
   SandboxManager(NodeConfig node) : node_(std::move(node)) {}
   Status Recover();
+  Result<nlohmann::json> CreateCall(SandboxSpec spec);
+  // Destroys pools idle for longer than the grace period (all idle ones
+  // with `all`).
+  void ReapPools(bool all);
   Result<std::shared_ptr<Entry>> Find(const std::string& id);
+  // The entry's container sandbox, or an error naming why there is none.
+  static Result<Sandbox*> Container(Entry& entry, const char* what);
   Status Record(const std::string& id, const nlohmann::json& record);
   Status Forget(const std::string& id);
 
@@ -66,6 +91,11 @@ class SandboxManager {
   MDB_dbi db_ = 0;
   std::mutex mu_;
   std::map<std::string, std::shared_ptr<Entry>> sandboxes_;
+  std::mutex pools_mu_;  // taken after mu_ when both are needed
+  std::map<std::string, std::shared_ptr<Pool>> pools_;  // by key
+  std::thread reaper_;
+  std::condition_variable reaper_cv_;
+  bool stopping_ = false;
   Recovery recovery_;
 
   // Metrics.

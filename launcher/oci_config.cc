@@ -82,12 +82,27 @@ json DefaultSeccompProfile() {
   };
 }
 
+json FncallSeccompProfile() {
+  json profile = DefaultSeccompProfile();
+  profile["syscalls"].push_back({{"names", {"mount", "umount2", "unshare"}}, {"action", "SCMP_ACT_ALLOW"}});
+  return profile;
+}
+
 json OciConfig(const ContainerConfig& c) {
   // Capabilities of the usual container default: enough for package
   // managers and servers, none that reach the host.
-  const json caps = {"CAP_CHOWN",   "CAP_DAC_OVERRIDE", "CAP_FSETID",     "CAP_FOWNER",     "CAP_MKNOD",
+  json caps = {"CAP_CHOWN",   "CAP_DAC_OVERRIDE", "CAP_FSETID",     "CAP_FOWNER",     "CAP_MKNOD",
                      "CAP_NET_RAW", "CAP_SETGID",       "CAP_SETUID",     "CAP_SETFCAP",    "CAP_SETPCAP",
                      "CAP_NET_BIND_SERVICE", "CAP_SYS_CHROOT", "CAP_KILL", "CAP_AUDIT_WRITE"};
+  if (c.fncall) {
+    caps.push_back("CAP_SYS_ADMIN");
+    caps.push_back("CAP_NET_ADMIN");
+  }
+  json masked = json::array(), readonly = json::array();
+  if (!c.fncall) {  // a function call's agent applies them to each call's own /proc
+    for (const char* p : kMaskedPaths) masked.push_back(p);
+    for (const char* p : kReadonlyPaths) readonly.push_back(p);
+  }
   json namespaces = json::array({{{"type", "pid"}}, {{"type", "ipc"}}, {{"type", "uts"}}, {{"type", "mount"}},
                                  {{"type", "cgroup"}}, {{"type", "user"}}});
   if (!c.host_network) namespaces.push_back({{"type", "network"}});
@@ -140,7 +155,7 @@ json OciConfig(const ContainerConfig& c) {
            {"capabilities", {{"bounding", caps}, {"effective", caps}, {"permitted", caps}}},
            {"noNewPrivileges", true},
        }},
-      {"root", {{"path", c.rootfs}, {"readonly", false}}},
+      {"root", {{"path", c.rootfs}, {"readonly", c.fncall}}},
       {"hostname", c.hostname},
       {"mounts", mounts},
       {"linux",
@@ -150,11 +165,9 @@ json OciConfig(const ContainerConfig& c) {
            {"namespaces", namespaces},
            {"cgroupsPath", c.cgroup_path},
            {"resources", resources},
-           {"seccomp", DefaultSeccompProfile()},
-           {"maskedPaths",
-            {"/proc/acpi", "/proc/asound", "/proc/kcore", "/proc/keys", "/proc/latency_stats", "/proc/timer_list",
-             "/proc/timer_stats", "/proc/sched_debug", "/proc/scsi", "/sys/firmware", "/sys/devices/virtual/powercap"}},
-           {"readonlyPaths", {"/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"}},
+           {"seccomp", c.fncall ? FncallSeccompProfile() : DefaultSeccompProfile()},
+           {"maskedPaths", masked},
+           {"readonlyPaths", readonly},
        }},
   };
 }

@@ -34,11 +34,25 @@ struct ContainerConfig {
   // (crun's run.oci.seccomp_bpf_data); the profile stays in linux.seccomp
   // for those that do not.
   std::string seccomp_bpf_base64;
+  // A function-call pool's warm container: the root is read-only, and the
+  // agent keeps CAP_SYS_ADMIN and CAP_NET_ADMIN (in the container's user
+  // namespace) to give each call fresh namespaces, a private /tmp and the
+  // masks below; the call itself runs without them, under the default
+  // seccomp profile (FncallSeccompProfile() is the agent's, a superset).
+  bool fncall = false;
 };
+
+// Kernel paths hidden from (masked) or read-only to sandboxed programs.
+inline constexpr const char* kMaskedPaths[] = {
+    "/proc/acpi",  "/proc/asound",      "/proc/kcore", "/proc/keys", "/proc/latency_stats", "/proc/timer_list",
+    "/proc/timer_stats", "/proc/sched_debug", "/proc/scsi", "/sys/firmware", "/sys/devices/virtual/powercap"};
+inline constexpr const char* kReadonlyPaths[] = {"/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"};
 
 inline constexpr const char* kAgentPath = "/.strata/agent";
 inline constexpr const char* kAgentSocketDir = "/.strata/run";
 inline constexpr const char* kAgentSocketName = "agent.sock";
+// The seccomp program (raw BPF) a function-call agent loads for each call.
+inline constexpr const char* kCallSeccompName = "call.bpf";
 
 nlohmann::json OciConfig(const ContainerConfig& config);
 
@@ -46,5 +60,8 @@ nlohmann::json OciConfig(const ContainerConfig& config);
 // ordinary programs use (like the Docker/Podman default), with clone limited
 // to non-namespace flags and clone3 answering ENOSYS so libc falls back.
 nlohmann::json DefaultSeccompProfile();
+// The default plus what a function-call agent needs to isolate each call
+// (unshare, mount, umount2).
+nlohmann::json FncallSeccompProfile();
 
 }  // namespace strata::launcher

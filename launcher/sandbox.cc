@@ -233,9 +233,28 @@ Status Sandbox::Start(const SandboxSpec& spec) {
   }
   timer.Step("acquire layers from lazyfs");
 
+  const uid_t root_uid = static_cast<uid_t>(node_.idmap.ToHost(0));
+  const bool fncall = spec.backend == "fncall";
+  if (fncall) {
+    // 3-4. A function-call pool has no writable layer: the stack alone,
+    //      read-only (calls get a private /tmp from the agent).
+    STRATA_RETURN_IF_ERROR(MakeDirs(rootfs_, 0755));
+    // On top, the mount points the runtime would otherwise create (it
+    // cannot on a read-only root); this also gives overlay the two lowers
+    // it wants without an upper.
+    const std::string shim = dir_ + "/shim";
+    STRATA_RETURN_IF_ERROR(MakeDirs(shim + "/.strata/run", 0755));
+    STRATA_RETURN_IF_ERROR(WriteFileAtomic(shim + kAgentPath, "", false));
+    for (const std::string& p : {shim, shim + "/.strata", shim + "/.strata/run", shim + kAgentPath}) {
+      if (::lchown(p.c_str(), root_uid, root_uid) != 0) return ErrnoError(errno, "chown " + p);
+    }
+    lowers.insert(lowers.begin(), shim);
+    STRATA_ASSIGN_OR_RETURN(overlay_, MountPoint::Mount("overlay", rootfs_, "overlay", MS_RDONLY,
+                                                        StrCat("lowerdir=", Join(lowers, ":"), ",redirect_dir=off,metacopy=off,index=off")));
+    timer.Step("mount overlay");
+  } else {
   // 3. Writable space: a btrfs subvolume capped at --disk.
   STRATA_ASSIGN_OR_RETURN(UpperStore uppers, UpperStore::Open(node_.uppers));
-  const uid_t root_uid = static_cast<uid_t>(node_.idmap.ToHost(0));
   STRATA_ASSIGN_OR_RETURN(UpperVolume volume, uppers.Create(id_, spec.disk, root_uid, root_uid));
   upper_.emplace(std::move(volume));
   timer.Step("create upper volume");
@@ -250,6 +269,7 @@ Status Sandbox::Start(const SandboxSpec& spec) {
                                ",redirect_dir=off,metacopy=off,index=off,volatile");
   STRATA_ASSIGN_OR_RETURN(overlay_, MountPoint::Mount("overlay", rootfs_, "overlay", 0, options));
   timer.Step("mount overlay");
+  }
 
   // 5. The bundle: the agent is init; its socket lives in dir/agent.
   if (::chown((dir_ + "/agent").c_str(), root_uid, root_uid) != 0) return ErrnoError(errno, "chown " + dir_ + "/agent");
@@ -264,10 +284,21 @@ Status Sandbox::Start(const SandboxSpec& spec) {
   config.agent_binary = node_.agent_binary;
   config.agent_socket_dir = dir_ + "/agent";
   config.env = {"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root"};
+  config.fncall = fncall;
+  const std::string seccomp_cache = JoinPath(Dirname(node_.run_dir), "seccomp");
   if (Basename(node_.runtime) == "crun") {
-    auto bpf = CompiledSeccompBase64(DefaultSeccompProfile(), JoinPath(Dirname(node_.run_dir), "seccomp"));
+    auto bpf = CompiledSeccompBase64(fncall ? FncallSeccompProfile() : DefaultSeccompProfile(), seccomp_cache);
     if (bpf.ok()) config.seccomp_bpf_base64 = std::move(*bpf);
     else STRATA_LOG(kWarn) << "precompile seccomp profile: " << bpf.status().ToString() << "; crun compiles it";
+  }
+  if (fncall) {
+    // Each call loads the default profile on top of the agent's (the agent
+    // reads it from its socket directory).
+    STRATA_ASSIGN_OR_RETURN(std::string bpf64, CompiledSeccompBase64(DefaultSeccompProfile(), seccomp_cache));
+    auto bpf = Base64Decode(bpf64);
+    if (!bpf) return Error(EINVAL, "seccomp cache: not base64");
+    STRATA_RETURN_IF_ERROR(WriteFileAtomic(dir_ + "/agent/" + kCallSeccompName, *bpf, false));
+    if (::chmod((dir_ + "/agent/" + kCallSeccompName).c_str(), 0644) != 0) return ErrnoError(errno, "chmod call seccomp");
   }
   STRATA_RETURN_IF_ERROR(WriteFileAtomic(dir_ + "/config.json", OciConfig(config).dump(), false));
   timer.Step("write bundle");
@@ -304,6 +335,8 @@ Status Sandbox::Start(const SandboxSpec& spec) {
 }
 
 Result<ExecResult> Sandbox::Exec(ExecRequest request, const OutputSink& sink) {
+  request.isolate = spec_.backend == "fncall";
+  request.isolate_network = !spec_.host_network;
   if (request.env.empty()) request.env = spec_.env;
   if (request.cwd.empty() || request.cwd == "/") request.cwd = spec_.workdir.empty() ? "/" : spec_.workdir;
   return agent_->Exec(request, sink);

@@ -336,5 +336,73 @@ TEST_F(DaemonTest, RandomKillsOfSandboxesAndTheDaemonLeaveTheHostClean) {
   for (const auto& id : ids) EXPECT_NE(::access(StrCat("/run/crun/", id).c_str(), F_OK), 0) << "runtime state left: " << id;
 }
 
+TEST_F(DaemonTest, FunctionCallsShareOnlyTheReadOnlyLayers) {
+  StartDaemon();
+  std::string a = Create({"--backend", "fncall", "--env", "WHO=a"});
+  std::string b = Create({"--backend", "fncall"});
+  ASSERT_OK_AND_ASSIGN(json info_a, client_->Info(a));
+  ASSERT_OK_AND_ASSIGN(json info_b, client_->Info(b));
+  EXPECT_EQ(info_a["backend"], "fncall");
+  EXPECT_EQ(info_a["pool"], info_b["pool"]);  // one warm sandbox per stack
+  EXPECT_EQ(Metric("strata_fncall_pools"), 1u);
+
+  // Each call: its own PID namespace (the command is PID 2 under the
+  // call's init), a private /tmp, a read-only root, no mount privilege.
+  ASSERT_OK_AND_ASSIGN(auto first, Cli({"exec", a, "--", "sh", "-c",
+                                        "echo $WHO $$; echo x > /tmp/mine; ls /tmp; ls /proc | grep -c '^[0-9]'"}));
+  EXPECT_EQ(first.exit_code, 0) << first.err;
+  EXPECT_EQ(first.out, "a 2\nmine\n4\n");  // init, sh, ls, grep
+  ASSERT_OK_AND_ASSIGN(auto second, Cli({"exec", a, "--", "ls", "-A", "/tmp"}));
+  EXPECT_EQ(second.out, "") << "a call saw another's /tmp";
+  ASSERT_OK_AND_ASSIGN(auto root, Cli({"exec", b, "--", "touch", "/etc/x"}));
+  EXPECT_NE(root.exit_code, 0);
+  EXPECT_NE(root.err.find("Read-only file system"), std::string::npos) << root.err;
+  ASSERT_OK_AND_ASSIGN(auto mount, Cli({"exec", b, "--", "mount", "-t", "tmpfs", "none", "/mnt"}));
+  EXPECT_NE(mount.exit_code, 0);
+  ASSERT_OK_AND_ASSIGN(auto caps, Cli({"exec", b, "--", "grep", "CapEff", "/proc/self/status"}));
+  ASSERT_EQ(caps.exit_code, 0) << caps.err;
+  const uint64_t eff = std::stoull(caps.out.substr(caps.out.find(':') + 1), nullptr, 16);
+  EXPECT_EQ(eff & (uint64_t{1} << 21), 0u) << "CAP_SYS_ADMIN: " << caps.out;
+  EXPECT_EQ(eff & (uint64_t{1} << 12), 0u) << "CAP_NET_ADMIN: " << caps.out;
+  ASSERT_OK_AND_ASSIGN(auto masked, Cli({"exec", b, "--", "sh", "-c", "wc -c < /proc/timer_list; echo 1 > /proc/sys/vm/drop_caches"}));
+  EXPECT_EQ(masked.out, "0\n");
+  EXPECT_NE(masked.err.find("Read-only"), std::string::npos) << masked.err;
+
+  // Exit codes, signals and timeouts come through; what a call starts in
+  // the background ends with it.
+  ASSERT_OK_AND_ASSIGN(auto code, Cli({"exec", a, "--", "sh", "-c", "exit 7"}));
+  EXPECT_EQ(code.exit_code, 7);
+  ASSERT_OK_AND_ASSIGN(auto sig, Cli({"exec", a, "--", "sh", "-c", "kill -TERM $$"}));
+  EXPECT_EQ(sig.exit_code, 128 + SIGTERM);
+  ASSERT_OK_AND_ASSIGN(auto slow, Cli({"exec", a, "--timeout", "1s", "--", "sleep", "30"}));
+  EXPECT_EQ(slow.exit_code, 124);
+  auto start = std::chrono::steady_clock::now();
+  ASSERT_OK_AND_ASSIGN(auto bg, Cli({"exec", a, "--", "sh", "-c", "sleep 60 & echo started"}));
+  EXPECT_EQ(bg.out, "started\n");
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 20s);
+  std::string pool_cgroup = StrCat("/sys/fs/cgroup/pids/", cgroup_parent_, "/", info_a["pool"].get<std::string>(), "/cgroup.procs");
+  EXPECT_EQ(Lines(pool_cgroup).size(), 1u) << "only the warm agent stays";
+
+  // No writable state: files, pause and snapshot are refused by name.
+  ASSERT_OK(WriteFileAtomic(dir_.Sub("f"), "x"));
+  ASSERT_OK_AND_ASSIGN(auto put, Cli({"cp", dir_.Sub("f"), a + ":/tmp/f"}));
+  EXPECT_NE(put.err.find("function-call sandbox"), std::string::npos) << put.err;
+  ASSERT_OK_AND_ASSIGN(auto pause, Cli({"pause", a}));
+  EXPECT_NE(pause.err.find("function-call sandbox"), std::string::npos) << pause.err;
+
+  // A restarted daemon keeps them; destroying them keeps the pool warm for
+  // the next one, and the daemon's shutdown removes the idle pool.
+  StopDaemon(SIGKILL);
+  StartDaemon();
+  ASSERT_OK_AND_ASSIGN(auto after, Cli({"exec", a, "--", "sh", "-c", "echo $WHO"}));
+  EXPECT_EQ(after.out, "a\n") << after.err;
+  EXPECT_OK(client_->Destroy(a));
+  EXPECT_OK(client_->Destroy(b));
+  EXPECT_EQ(Metric("strata_fncall_pools"), 1u);
+  ASSERT_OK_AND_ASSIGN(auto run, Run({"--backend", "fncall", "--layer", "busybox:1", "--", "echo", "warm"}));
+  EXPECT_EQ(run.out, "warm\n") << run.err;
+  EXPECT_EQ(Metric("strata_fncall_pools"), 1u);
+}
+
 }  // namespace
 }  // namespace strata::launcher
