@@ -330,6 +330,12 @@ Status Sandbox::Start(const SandboxSpec& spec) {
     }
     if (std::chrono::steady_clock::now() >= deadline) return ready;
   }
+  if (node_.managed && !runtime_returned) {
+    // `run --detach` returns right after the container started; reap it.
+    auto exit = runtime_->Wait();
+    if (!exit.ok() || !exit->success()) return Error(EIO, StrCat(node_.runtime, " run --detach failed after the agent started"));
+  }
+  if (node_.managed) runtime_.reset();
   timer.Step("start runtime and agent");
   return OkStatus();
 }
@@ -376,7 +382,7 @@ Status Sandbox::Destroy() {
   };
   // The container: ask the agent to end it, then make sure.
   if (node_.managed && !dir_.empty()) {
-    if (!runtime_) KillRuntimeStragglers(dir_);  // adopted: its creator may have died mid-way
+    if (adopted_) KillRuntimeStragglers(dir_);  // its creator may have died mid-way
     if (agent_) agent_->Shutdown().IgnoreError();
     runtime_.reset();
     RunCommand({.argv = {node_.runtime, "delete", "--force", id_}, .timeout = std::chrono::seconds(10)}).status().IgnoreError();
@@ -433,6 +439,7 @@ Result<std::unique_ptr<Sandbox>> Sandbox::Adopt(const std::string& id, const Nod
   sb->store_url_ = state.value("store", "");
   sb->created_ = state.value("created", int64_t{0});
   sb->paused_ = state.value("paused", false);
+  sb->adopted_ = true;
   const json spec = state.value("spec", json::object());
   sb->spec_.layers = spec.value("layers", std::vector<std::string>{});
   sb->spec_.backend = spec.value("backend", std::string("container"));

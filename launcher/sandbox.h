@@ -105,6 +105,7 @@ class Sandbox {
   std::string id_, dir_, rootfs_, store_url_;
   int64_t created_ = 0;
   bool paused_ = false;
+  bool adopted_ = false;  // taken over after a daemon restart
   std::vector<cache::StackLayer> stack_;
   std::vector<Digest128> held_;       // layers acquired from lazyfs
   std::optional<UpperVolume> upper_;

@@ -16,6 +16,7 @@
 #include <atomic>
 #include <fstream>
 #include <random>
+#include <cstring>
 #include <set>
 #include <thread>
 
@@ -68,10 +69,14 @@ class SandboxTest : public ::testing::Test {
     store_url_ = "file://" + dir_.Sub("store");
     ASSERT_EQ(::chmod(dir_.path().c_str(), 0711), 0);  // the sandbox's root must reach its rootfs
     cgroup_parent_ = "strata-test-" + Basename(dir_.path());
+    // Upper volumes in a directory of the test's own on the node's btrfs
+    // (a dot name: the node's store does not list it), so tests running at
+    // once do not see each other's.
+    uppers_ = StrCat(kDefaultUppers, "/.test-", Basename(dir_.path()));
+    ASSERT_OK(MakeDirs(uppers_, 0700));
     env_ = {"STRATA_STORE=" + store_url_, "STRATA_LAZYFS_SOCKET=" + dir_.Sub("lazyfs.sock"),
             "STRATA_CACHE=" + dir_.Sub("cache"), "STRATA_RUN_DIR=" + dir_.Sub("run"),
-            "STRATA_CGROUP_PARENT=" + cgroup_parent_, "STRATA_LAUNCHER_SOCKET=" + dir_.Sub("launcher.sock")};
-    uppers_before_ = UpperNames();
+            "STRATA_CGROUP_PARENT=" + cgroup_parent_, "STRATA_LAUNCHER_SOCKET=" + dir_.Sub("launcher.sock"), "STRATA_UPPERS=" + uppers_};
     ASSERT_OK_AND_ASSIGN(auto store, cache::OpenStore(store_url_));
     catalog_ = std::make_unique<cache::Catalog>(store);
     ASSERT_OK(MakeBusyboxTree(dir_.Sub("busybox")));
@@ -98,6 +103,7 @@ class SandboxTest : public ::testing::Test {
       }
     }
     for (const char* c : kControllers) ::rmdir(StrCat("/sys/fs/cgroup/", c, "/", cgroup_parent_).c_str());
+    EXPECT_EQ(::rmdir(uppers_.c_str()), 0) << uppers_ << ": " << std::strerror(errno);
   }
 
   NodeConfig Node() const {
@@ -106,6 +112,7 @@ class SandboxTest : public ::testing::Test {
     node.lazyfs_socket = dir_.Sub("lazyfs.sock");
     node.cache_dir = dir_.Sub("cache");
     node.cgroup_parent = cgroup_parent_;
+    node.uppers = uppers_;
     return node;
   }
 
@@ -123,9 +130,9 @@ class SandboxTest : public ::testing::Test {
     return RunCommand({.argv = args, .env = env_, .timeout = timeout});
   }
 
-  static std::set<std::string> UpperNames() {
+  std::set<std::string> UpperNames() const {
     std::set<std::string> names;
-    if (auto store = UpperStore::Open(kDefaultUppers); store.ok()) {
+    if (auto store = UpperStore::Open(uppers_); store.ok()) {
       for (auto& name : store->List().value_or({})) names.insert(std::move(name));
     }
     return names;
@@ -145,7 +152,7 @@ class SandboxTest : public ::testing::Test {
       }
       ::closedir(d);
     }
-    for (const auto& name : UpperNames()) EXPECT_TRUE(uppers_before_.count(name)) << "subvolume left: " << name;
+    for (const auto& name : UpperNames()) ADD_FAILURE() << "subvolume left: " << name;
     DIR* run = ::opendir(dir_.Sub("run").c_str());
     if (run) {
       while (dirent* e = ::readdir(run)) EXPECT_FALSE(std::string(e->d_name).starts_with("sb-")) << "sandbox dir left: " << e->d_name;
@@ -158,10 +165,9 @@ class SandboxTest : public ::testing::Test {
   static constexpr const char* kControllers[] = {"blkio", "cpu", "cpuacct", "cpuset", "devices", "freezer", "hugetlb", "memory", "pids", "systemd", "unified"};
 
   TempDir dir_ = MakeTempDir();
-  std::string store_url_, cgroup_parent_;
+  std::string store_url_, cgroup_parent_, uppers_;
   std::vector<std::string> env_;
   std::unique_ptr<cache::Catalog> catalog_;
-  std::set<std::string> uppers_before_;
 };
 
 }  // namespace strata::launcher

@@ -72,9 +72,9 @@ TEST_F(LauncherTest, SandboxesAreIsolated) {
                                                            .env = env_}));
   std::string outside;
   for (int i = 0; i < 200 && outside.empty(); ++i) {
-    auto store = UpperStore::Open(kDefaultUppers);
+    auto store = UpperStore::Open(uppers_);
     for (const auto& name : store->List().value_or({})) {
-      std::string path = StrCat(kDefaultUppers, "/", name, "/upper/tmp/owned-marker");
+      std::string path = StrCat(uppers_, "/", name, "/upper/tmp/owned-marker");
       if (::access(path.c_str(), F_OK) == 0) outside = path;
     }
     std::this_thread::sleep_for(50ms);

@@ -1,0 +1,250 @@
+// scripts/bench daemon (also run by scripts/bench launcher): the launcher
+// daemon's rows, each beside a crun baseline measured in the same run.
+//   - create -> first exec -> destroy through the API, 8 in flight, against
+//     `crun run` of the same OCI config (seccomp precompiled), 8 in flight;
+//   - exec of `true` in a live sandbox against `crun exec` in a live crun
+//     container, and a function call (fncall back end) of `true`;
+//   - N idle sandboxes at once (default 500): memory each (MemAvailable
+//     drop / N) against N idle crun containers, and the creation rate while
+//     they run.
+// Usage: daemon_bench [CYCLES] [IDLE]
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <fstream>
+#include <mutex>
+#include <thread>
+
+#include "cache/catalog.h"
+#include "common/fs.h"
+#include "common/strings.h"
+#include "common/subprocess.h"
+#include "launcher/client.h"
+#include "launcher/oci_config.h"
+#include "launcher/seccomp.h"
+#include "layerctl/builder.h"
+#include "layerctl/publish.h"
+#include "tests/bench/bench_util.h"
+
+namespace strata::bench {
+namespace {
+
+using nlohmann::json;
+
+void Check(const Status& s) {
+  if (!s.ok()) {
+    std::fprintf(stderr, "daemon_bench: %s\n", s.ToString().c_str());
+    std::exit(1);
+  }
+}
+template <typename T>
+T Check(Result<T> r) {
+  Check(r.status());
+  return std::move(r).value();
+}
+
+Status MakeBusybox(const std::string& root) {
+  for (const char* d : {"bin", "proc", "sys", "dev", "tmp", "etc", "root"}) STRATA_RETURN_IF_ERROR(MakeDirs(root + "/" + d));
+  STRATA_RETURN_IF_ERROR(RunChecked({.argv = {"cp", "/bin/busybox", root + "/bin/busybox"}}, "copy busybox").status());
+  STRATA_ASSIGN_OR_RETURN(auto list, RunChecked({.argv = {"/bin/busybox", "--list"}}, "list applets"));
+  for (const auto& a : Split(list.out, '\n')) {
+    if (!a.empty() && a != "busybox") ::symlink("busybox", (root + "/bin/" + a).c_str());
+  }
+  if (::chmod((root + "/tmp").c_str(), 01777) != 0) return ErrnoError(errno, "chmod tmp");
+  return OkStatus();
+}
+
+std::string SelfDir() {
+  char buf[4096];
+  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
+  buf[n > 0 ? n : 0] = '\0';
+  return Dirname(buf);
+}
+
+struct Figures {
+  double p50_ms = 0, p99_ms = 0, per_second = 0;
+};
+
+// `total` runs of `one`, `parallel` at a time.
+Figures Measure(int total, int parallel, const std::function<void(int)>& one) {
+  std::vector<double> ms;
+  std::mutex mu;
+  std::atomic<int> next{0};
+  auto start = Clock::now();
+  std::vector<std::thread> threads;
+  for (int t = 0; t < parallel; ++t) {
+    threads.emplace_back([&] {
+      for (int i; (i = next++) < total;) {
+        auto t0 = Clock::now();
+        one(i);
+        double d = Seconds(Clock::now() - t0) * 1000;
+        std::lock_guard lock(mu);
+        ms.push_back(d);
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  return {Percentile(ms, 50), Percentile(ms, 99), total / Seconds(Clock::now() - start)};
+}
+
+uint64_t MemAvailableKiB() {
+  // Settle the page cache first, so the difference is what the sandboxes hold.
+  ::sync();
+  std::ofstream("/proc/sys/vm/drop_caches") << "3\n";
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  uint64_t value;
+  std::string unit;
+  while (in >> key >> value >> unit) {
+    if (key == "MemAvailable:") return value;
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace strata::bench
+
+int main(int argc, char** argv) {
+  using namespace strata;
+  using namespace strata::bench;
+  const int cycles = argc > 1 ? std::atoi(argv[1]) : 200;
+  const int idle = argc > 2 ? std::atoi(argv[2]) : 500;
+  constexpr int kInFlight = 8;
+  TempDir dir = Check(TempDir::Create("strata-bench"));
+  Check(::chmod(dir.path().c_str(), 0711) == 0 ? OkStatus() : ErrnoError(errno, "chmod"));
+  const std::string tree = dir.Sub("busybox");
+  Check(MakeBusybox(tree));
+  const std::string store = "file://" + dir.Sub("store");
+  auto built = Check(layerctl::BuildLayer({.source = tree, .output_dir = dir.Sub("layer"), .name = "busybox"}));
+  cache::Catalog catalog(Check(cache::OpenStore(store)));
+  Check(layerctl::Push(built, catalog, cache::LayerRef{"bench", "1"}).status());
+
+  // The daemon, on its own socket, run directory and cgroup parent.
+  const std::string launcher = SelfDir() + "/../../launcher/launcher";
+  const std::string socket = dir.Sub("launcher.sock");
+  const std::vector<std::string> env = {"STRATA_STORE=" + store, "STRATA_LAZYFS_SOCKET=" + dir.Sub("lazyfs.sock"),
+                                        "STRATA_CACHE=" + dir.Sub("cache"), "STRATA_RUN_DIR=" + dir.Sub("run"),
+                                        "STRATA_CGROUP_PARENT=strata-bench"};
+  Subprocess daemon = Check(Subprocess::Start({.argv = {launcher, "serve", "--socket", socket, "--state", dir.Sub("state")},
+                                               .env = env, .stdout_mode = StdStream::kNull, .stderr_mode = StdStream::kFile,
+                                               .stderr_file = dir.Sub("daemon.log")}));
+  launcher::LauncherClient client(socket);
+  for (int i = 0; i < 500 && !client.Alive(); ++i) ::usleep(10000);
+  if (!client.Alive()) Check(Error(EIO, "the daemon did not start; see " + dir.Sub("daemon.log")));
+  const json spec = {{"layers", {"bench:1"}}, {"store", store}};
+  const json true_cmd = {{"argv", {"true"}}};
+  auto exec_ok = [&](const std::string& id, const json& req) {
+    auto r = Check(client.Exec(id, req, [](int, std::string_view) {}));
+    if (r.exit_code != 0) Check(Error(EIO, "exec in " + id + " failed"));
+  };
+  auto cycle = [&](int) {
+    json info = Check(client.Create(spec));
+    std::string id = info["id"];
+    exec_ok(id, true_cmd);
+    Check(client.Destroy(id));
+  };
+  for (int i = 0; i < 3; ++i) cycle(i);  // warm: layer mounted, binaries cached
+  std::fprintf(stderr, "daemon_bench: create/exec/destroy cycles...\n");
+  Figures ours = Measure(cycles, kInFlight, cycle);
+  std::fprintf(stderr, "daemon_bench: crun run...\n");
+
+  // crun: the same OCI config on a plain directory, seccomp precompiled.
+  launcher::ContainerConfig c;
+  c.rootfs = tree;
+  c.hostname = "bench";
+  c.agent_binary = "/bin/true";
+  c.agent_socket_dir = dir.path();
+  c.env = {"PATH=/bin"};
+  json config = launcher::OciConfig(c);
+  config["linux"].erase("cgroupsPath");  // crun then uses each container's id
+  auto& mounts = config["mounts"];
+  for (auto it = mounts.begin(); it != mounts.end();) {
+    std::string d = (*it)["destination"];
+    it = d.starts_with("/.strata") ? mounts.erase(it) : it + 1;
+  }
+  config["annotations"]["run.oci.seccomp_bpf_data"] = Check(launcher::CompileSeccomp(launcher::DefaultSeccompProfile()));
+  config["process"]["args"] = {"true"};
+  Check(MakeDirs(dir.Sub("bundle-true")));
+  Check(WriteFileAtomic(dir.Sub("bundle-true/config.json"), config.dump()));
+  const std::string tag = StrCat("bench-", ::getpid(), "-");
+  Figures crun_run = Measure(cycles, kInFlight, [&](int i) {
+    Check(RunChecked({.argv = {"crun", "run", "--bundle", dir.Sub("bundle-true"), tag + std::to_string(i)}}, "crun run").status());
+  });
+
+  std::fprintf(stderr, "daemon_bench: exec latency...\n");
+  // Exec latency: a live sandbox, a function call, a live crun container.
+  std::string live = Check(client.Create(spec))["id"];
+  for (int i = 0; i < 3; ++i) exec_ok(live, true_cmd);
+  Figures exec = Measure(cycles, 1, [&](int) { exec_ok(live, true_cmd); });
+  json fn_spec = spec;
+  fn_spec["backend"] = "fncall";
+  std::string fn = Check(client.Create(fn_spec))["id"];
+  for (int i = 0; i < 3; ++i) exec_ok(fn, true_cmd);
+  Figures call = Measure(cycles, 1, [&](int) { exec_ok(fn, true_cmd); });
+  config["process"]["args"] = {"sleep", "100000"};
+  Check(MakeDirs(dir.Sub("bundle-sleep")));
+  Check(WriteFileAtomic(dir.Sub("bundle-sleep/config.json"), config.dump()));
+  const std::string sleeper = tag + "sleeper";
+  auto detached = [](std::vector<std::string> args) {  // the container keeps no pipe of ours
+    auto r = RunCommand({.argv = std::move(args), .stdout_mode = StdStream::kNull, .stderr_mode = StdStream::kNull});
+    if (!r.ok() || !r->success()) Check(Error(EIO, "crun run --detach failed"));
+  };
+  detached({"crun", "run", "--detach", "--bundle", dir.Sub("bundle-sleep"), sleeper});
+  Figures crun_exec = Measure(cycles, 1, [&](int) {
+    Check(RunChecked({.argv = {"crun", "exec", sleeper, "true"}}, "crun exec").status());
+  });
+  RunCommand({.argv = {"crun", "delete", "--force", sleeper}}).status().IgnoreError();
+  Check(client.Destroy(live));
+  Check(client.Destroy(fn));
+
+  std::fprintf(stderr, "daemon_bench: %d idle sandboxes...\n", idle);
+  // N idle sandboxes; then N idle crun containers (sleep) for the baseline.
+  const uint64_t before = MemAvailableKiB();
+  std::vector<std::string> ids(static_cast<size_t>(idle));
+  Figures fill = Measure(idle, kInFlight, [&](int i) { ids[static_cast<size_t>(i)] = Check(client.Create(spec))["id"]; });
+  const uint64_t with_idle = MemAvailableKiB();
+  Figures more = Measure(std::max(idle / 10, 8), kInFlight, [&](int) { cycle(0); });
+  Measure(idle, kInFlight, [&](int i) { Check(client.Destroy(ids[static_cast<size_t>(i)])); });
+  std::fprintf(stderr, "daemon_bench: %d idle crun containers...\n", idle);
+  const uint64_t before_crun = MemAvailableKiB();
+  Measure(idle, kInFlight, [&](int i) {
+    detached({"crun", "run", "--detach", "--bundle", dir.Sub("bundle-sleep"), StrCat(tag, "idle-", i)});
+  });
+  const uint64_t with_crun = MemAvailableKiB();
+  Measure(idle, kInFlight, [&](int i) {
+    RunCommand({.argv = {"crun", "delete", "--force", StrCat(tag, "idle-", i)}}).status().IgnoreError();
+  });
+
+  daemon.Kill(SIGTERM);
+  daemon.Wait().status().IgnoreError();
+  RunCommand({.argv = {"pkill", "-TERM", "-f", "lazyfs daemon --socket " + dir.Sub("lazyfs.sock")}}).status().IgnoreError();
+  for (int i = 0; i < 500 && RunCommand({.argv = {"pgrep", "-f", "lazyfs daemon --socket " + dir.Sub("lazyfs.sock")}})->success(); ++i) {
+    ::usleep(10000);
+  }
+  for (const char* controller : {"blkio", "cpu", "cpuacct", "cpuset", "devices", "freezer", "hugetlb", "memory", "pids", "systemd", "unified"}) {
+    ::rmdir(StrCat("/sys/fs/cgroup/", controller, "/strata-bench").c_str());
+  }
+
+  auto kib_each = [&](uint64_t a, uint64_t b) { return a > b ? static_cast<double>(a - b) / idle : 0.0; };
+  const double ours_kib = kib_each(before, with_idle), crun_kib = kib_each(before_crun, with_crun);
+  std::printf("launcher daemon, %d cycles, %d in flight; exec/call latency one at a time; %d idle sandboxes\n", cycles, kInFlight, idle);
+  Table t({"measure", "p50 ms", "p99 ms", "per s", "baseline", "baseline p50 ms", "baseline per s", "ratio"});
+  t.Add({"create -> exec true -> destroy (API)", Fixed(ours.p50_ms, 1), Fixed(ours.p99_ms, 1), Fixed(ours.per_second, 1),
+         "crun run true", Fixed(crun_run.p50_ms, 1), Fixed(crun_run.per_second, 1),
+         Fixed(ours.per_second / crun_run.per_second, 2) + " (rate)"});
+  t.Add({"exec true in a live sandbox (API)", Fixed(exec.p50_ms, 2), Fixed(exec.p99_ms, 2), Fixed(exec.per_second, 1),
+         "crun exec true", Fixed(crun_exec.p50_ms, 2), Fixed(crun_exec.per_second, 1), Fixed(exec.p50_ms / crun_exec.p50_ms, 2) + " (p50)"});
+  t.Add({"fncall: call true (API)", Fixed(call.p50_ms, 2), Fixed(call.p99_ms, 2), Fixed(call.per_second, 1),
+         "crun exec true", Fixed(crun_exec.p50_ms, 2), Fixed(crun_exec.per_second, 1), Fixed(call.p50_ms / crun_exec.p50_ms, 2) + " (p50)"});
+  t.Add({StrCat("create ", idle, " idle sandboxes"), Fixed(fill.p50_ms, 1), Fixed(fill.p99_ms, 1), Fixed(fill.per_second, 1), "", "", "", ""});
+  t.Add({StrCat("create -> exec -> destroy with ", idle, " running"), Fixed(more.p50_ms, 1), Fixed(more.p99_ms, 1),
+         Fixed(more.per_second, 1), "same, none running", Fixed(ours.p50_ms, 1), Fixed(ours.per_second, 1),
+         Fixed(more.per_second / ours.per_second, 2) + " (rate)"});
+  t.Add({"memory per idle sandbox (KiB, MemAvailable drop / N)", Fixed(ours_kib, 0), "", "", "idle crun container (sleep)",
+         Fixed(crun_kib, 0), "", Fixed(crun_kib > 0 ? ours_kib / crun_kib : 0, 2)});
+  t.Print();
+  return 0;
+}
