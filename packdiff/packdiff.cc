@@ -113,7 +113,7 @@ Result<PackReport> PackUpper(const PackOptions& options, const cache::Catalog& c
   // 2. The upper, listed into a tree in layer terms.
   UpperOptions upper_options{options.upper, options.excludes, options.id_shift, options.keep_devices};
   auto reader = UpperReader::Open(upper_options, *parents);
-  if (!reader.ok()) return reader.status().Annotate(where("open"));
+  if (!reader.ok()) return reader.status().Annotate(StrCat("pack upper ", options.upper));
   auto tree = (*reader)->Read();
   if (!tree.ok()) return tree.status().Annotate(where("read"));
   if (options.after_listing) options.after_listing();
@@ -158,8 +158,9 @@ Result<PackReport> Squash(const SquashOptions& options, const cache::Catalog& ca
       std::vector<std::string> want, got;
       for (const auto& p : expected) want.push_back(p.Hex().substr(0, 12));
       for (const auto& p : m.parents) got.push_back(p.Hex().substr(0, 12));
-      return Error(EINVAL, where(StrCat(ref, " was made on [", Join(got, ", "), "], not on the diffs before it [",
-                                        Join(want, ", "), "] (name the chain bottom first, each diff once)")));
+      return Error(EINVAL, where(StrCat(ref, " was made on [", Join(got, ", "), "], not on [", Join(want, ", "),
+                                        "] (the first diff's parents and the diffs named before it); name the "
+                                        "chain bottom first, each diff once")));
     }
     expected.push_back(*digest);
     diffs.push_back(std::move(*layer));

@@ -94,9 +94,7 @@ bool Excluded(const std::vector<std::string>& globs, std::string_view rel) {
 
 Result<std::unique_ptr<UpperReader>> UpperReader::Open(const UpperOptions& options, const LowerStack& parents) {
   std::unique_ptr<UpperReader> r(new UpperReader(options, parents));
-  auto fd = strata::OpenFile(options.upper, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (!fd.ok()) return fd.status().Annotate("open the upper directory");
-  r->root_fd_ = std::move(*fd);
+  STRATA_ASSIGN_OR_RETURN(r->root_fd_, strata::OpenFile(options.upper, O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   return r;
 }
 
