@@ -624,6 +624,44 @@ TEST_F(BadUpperTest, RedirectsOutOfTheRootAreRefused) {
   EXPECT_FALSE(catalog_->GetTag("bad", "1").ok());
 }
 
+// Symlinks are packed as they are, wherever they point, and never
+// followed: not while listing, and not when a directory is swapped for a
+// symlink to somewhere else between the listing and the read.
+TEST_F(BadUpperTest, SymlinksAreStoredAsTheyAreAndNeverFollowed) {
+  const std::string outside = dir_.Sub("outside");
+  ASSERT_OK(MakeDirs(outside));
+  ASSERT_OK(WriteFileAtomic(outside + "/secret", "not in the upper\n"));
+  ASSERT_OK(WriteFileAtomic(outside + "/hosts", "not the upper's hosts\n"));
+  const std::map<std::string, std::string> links = {
+      {"escape", outside}, {"up", "../../../../.."}, {"etc/abs", "/etc/shadow"}, {"etc/loop", "loop"}};
+  for (const auto& [path, target] : links) ASSERT_EQ(::symlink(target.c_str(), (upper_ + "/" + path).c_str()), 0);
+  ASSERT_OK_AND_ASSIGN(PackReport r, PackIt());
+  EXPECT_EQ(r.written.symlinks, links.size());
+  ASSERT_OK_AND_ASSIGN(auto layer, PublishedLayer::Open(*catalog_, r.digest));
+  for (const auto& [path, target] : links) {
+    SCOPED_TRACE(path);
+    ASSERT_OK_AND_ASSIGN(erofs::Inode link, layer->image().LookupPath(path));
+    EXPECT_EQ(link.type, erofs::FileType::kSymlink);
+    ASSERT_OK_AND_ASSIGN(std::string got, layer->image().ReadLink(link));
+    EXPECT_EQ(got, target);
+  }
+  EXPECT_FALSE(layer->image().LookupPath("escape/secret").ok());
+
+  // etc, listed as a directory, is a symlink to `outside` by the time its
+  // files are read: an error naming the file, nothing read from outside,
+  // nothing published.
+  PackOptions swapped;
+  swapped.tag = cache::LayerRef{"swapped", "1"};
+  swapped.after_listing = [&] {
+    ASSERT_EQ(::rename((upper_ + "/etc").c_str(), dir_.Sub("etc-moved").c_str()), 0);
+    ASSERT_EQ(::symlink(outside.c_str(), (upper_ + "/etc").c_str()), 0);
+  };
+  auto s = PackIt(swapped);
+  EXPECT_EQ(s.status().code(), EAGAIN) << s.status().ToString();
+  EXPECT_NE(s.status().message().find("etc/hosts"), std::string::npos) << s.status().ToString();
+  EXPECT_FALSE(catalog_->GetTag("swapped", "1").ok());
+}
+
 TEST_F(BadUpperTest, IdsOutsideTheShiftedRangeAreRefused) {
   ASSERT_EQ(::chown(upper_.c_str(), kShift, kShift), 0);
   ASSERT_EQ(::chown((upper_ + "/etc").c_str(), kShift, kShift), 0);
