@@ -71,6 +71,17 @@ struct PackReport {
 // is checked against its listing as it is read, and every entry once more
 // at the end (EAGAIN naming the path otherwise). Errors name the step and
 // the upper path; nothing is published on error.
+//
+// `launcher snapshot` packs a read-only btrfs snapshot of the sandbox's
+// upper subvolume (so the sandbox is frozen only while the snapshot is
+// taken), with the sandbox's stack as digests and the node's id mapping:
+//
+//   auto report = PackUpper({.upper = snapshot + "/upper",
+//                            .parents = {base.Hex(), workspace.Hex()},  // bottom first
+//                            .tag = cache::LayerRef{"env-42", "1"},
+//                            .id_shift = IdShift{100000, 65536}},
+//                           catalog);
+//   // report->digest: the new layer, tagged env-42:1
 Result<PackReport> PackUpper(const PackOptions& options, const cache::Catalog& catalog);
 
 struct SquashOptions {

@@ -129,6 +129,10 @@ class PackdiffTest : public ::testing::Test {
 
   void TearDown() override {
     while (!overlays_.empty()) Unmount(overlays_.begin()->first);
+    while (!scratch_mounts_.empty()) {  // after the overlays that may sit on them
+      EXPECT_OK(scratch_mounts_.back().Unmount());
+      scratch_mounts_.pop_back();
+    }
     daemon_.reset();
     for (const auto& mp : MountsUnder(dir_.path())) {
       ADD_FAILURE() << "mount left behind: " << mp;
@@ -167,9 +171,12 @@ class PackdiffTest : public ::testing::Test {
   // it) through lazyfs and an overlay on top at dir/NAME, with an upper and
   // work directory unless `writable` is false. With `idmapped`, the layers
   // are the node's idmapped views and the upper belongs to the sandbox's
-  // root, as in a sandbox.
+  // root, as in a sandbox. The upper and work directories are made in
+  // `volume` when it is given (as the launcher makes them in a sandbox's
+  // btrfs subvolume), else beside the mount point.
   std::string MountStack(const std::string& name, const std::vector<std::string>& refs, bool writable, bool idmapped,
-                         const std::string& extra = "redirect_dir=off,metacopy=off,index=off") {
+                         const std::string& extra = "redirect_dir=off,metacopy=off,index=off",
+                         const std::string& volume = "") {
     Overlay o;
     o.holder = "test-" + name;
     auto stack = catalog_->ResolveStack(refs);
@@ -188,8 +195,8 @@ class PackdiffTest : public ::testing::Test {
     EXPECT_OK(MakeDirs(at));
     std::string options = "lowerdir=" + Join(lowers, ":");
     if (writable) {
-      o.upper = dir_.Sub(name + "-upper");
-      o.work = dir_.Sub(name + "-work");
+      o.upper = volume.empty() ? dir_.Sub(name + "-upper") : volume + "/upper";
+      o.work = volume.empty() ? dir_.Sub(name + "-work") : volume + "/work";
       EXPECT_OK(MakeDirs(o.upper));
       EXPECT_OK(MakeDirs(o.work));
       if (idmapped) {
@@ -267,6 +274,19 @@ class PackdiffTest : public ::testing::Test {
 
   std::string Tool(const std::string& name) const { return testing::TestBinaryDir() + "/../../" + name + "/" + name; }
 
+  // A small btrfs on a sparse loop file at dir/NAME, as the launcher's
+  // uppers are (`launcher doctor --fix` makes them so). Unmounted, which
+  // frees its loop device, in TearDown after the overlays on it.
+  Result<std::string> MountScratchBtrfs(const std::string& name) {
+    const std::string image = dir_.Sub(name + ".img"), at = dir_.Sub(name);
+    STRATA_RETURN_IF_ERROR(RunChecked({.argv = {"truncate", "-s", "256M", image}}, "truncate").status());
+    STRATA_RETURN_IF_ERROR(RunChecked({.argv = {"mkfs.btrfs", "-q", image}}, "mkfs.btrfs").status());
+    STRATA_RETURN_IF_ERROR(MakeDirs(at));
+    STRATA_RETURN_IF_ERROR(RunChecked({.argv = {"mount", "-o", "loop", image, at}}, "mount " + image).status());
+    scratch_mounts_.push_back(MountPoint::Adopt(at));
+    return at;
+  }
+
   TempDir dir_ = MakeTempDir();
   std::string store_url_;
   std::shared_ptr<cache::ObjectStore> inner_;
@@ -275,6 +295,7 @@ class PackdiffTest : public ::testing::Test {
   std::unique_ptr<lazyfs::Daemon> daemon_;
   UniqueFd userns_;
   std::map<std::string, Overlay> overlays_;
+  std::vector<MountPoint> scratch_mounts_;
 };
 
 // Every kind of change a sandbox makes, in one script.
@@ -547,6 +568,57 @@ TEST_F(PackdiffTest, OnlyChangedDataIsUploaded) {
   EXPECT_EQ(one_chunk.written.file_bytes, 8u << 20);
   EXPECT_LT(one_chunk.push->bytes_uploaded, (1u << 20) + (16u << 10));
   EXPECT_EQ(one_chunk.push->bytes_present, 7u << 20);
+}
+
+// What `launcher snapshot` will do: the sandbox's upper lives in a btrfs
+// subvolume (upper/ and work/ in it) under a volatile overlay; the snapshot
+// freezes the sandbox, takes a read-only btrfs snapshot of the subvolume,
+// thaws it, and packs the snapshot's upper with the sandbox's stack (as
+// digests) as parents and the node's id shift. The sandbox goes on
+// changing its upper meanwhile; the diff holds what it showed at the
+// snapshot.
+TEST_F(PackdiffTest, AReadOnlyBtrfsSnapshotOfASandboxUpperPacksAsLauncherSnapshotWill) {
+  if (::access("/usr/sbin/mkfs.btrfs", X_OK) != 0 && ::access("/sbin/mkfs.btrfs", X_OK) != 0) {
+    GTEST_SKIP() << "needs mkfs.btrfs (btrfs-progs; scripts/setup installs it)";
+  }
+  PublishRichBase();
+  ASSERT_OK_AND_ASSIGN(std::string fs, MountScratchBtrfs("uppers"));
+  const std::string volume = fs + "/sb-1";
+  ASSERT_OK(RunChecked({.argv = {"btrfs", "-q", "subvolume", "create", volume}}, "create a subvolume").status());
+  const std::string sandbox = MountStack("sandbox", {"base:1"}, true, true,
+                                         "redirect_dir=off,metacopy=off,index=off,volatile", volume);
+  ASSERT_FALSE(sandbox.empty());
+  RunScript(sandbox, kEveryChange);
+  RunPython(sandbox, kXattrChanges);
+  // btrfs counts every directory's links as 1, so the sandbox showed 1 for
+  // directories wholly in its upper; the diff's image counts them (2 plus
+  // subdirectories), as any layer does. Directory link counts aside, the
+  // views must match.
+  ASSERT_OK_AND_ASSIGN(auto want, testing::SnapshotTree(sandbox, ViewOptions(/*directory_nlink=*/false)));
+
+  // Nothing runs in the sandbox here, so there is nothing to freeze.
+  const std::string snapshot = fs + "/sb-1.snapshot";
+  ASSERT_OK(RunChecked({.argv = {"btrfs", "-q", "subvolume", "snapshot", "-r", volume, snapshot}}, "snapshot").status());
+  RunScript(sandbox, "echo later > /files/new-file\nrm -rf /newdir\ntouch /after-the-snapshot\n");
+
+  ASSERT_OK_AND_ASSIGN(auto stack, catalog_->ResolveStack({"base:1"}));
+  std::vector<std::string> parents;
+  for (const auto& layer : stack) parents.push_back(layer.digest.Hex());
+  ASSERT_OK_AND_ASSIGN(PackReport report, PackUpper({.upper = snapshot + "/upper",
+                                                     .parents = parents,
+                                                     .tag = cache::LayerRef{"sb-1-snapshot", "1"},
+                                                     .id_shift = IdShift{kShift, 65536}},
+                                                    *catalog_));
+  EXPECT_EQ(report.parents, std::vector<Digest128>{stack.back().digest});
+  ASSERT_OK_AND_ASSIGN(auto layer, PublishedLayer::Open(*catalog_, report.digest));
+  ASSERT_OK_AND_ASSIGN(erofs::Inode new_file, layer->image().LookupPath("files/new-file"));
+  EXPECT_EQ(new_file.uid, 0u);
+  EXPECT_EQ(layer->image().LookupPath("after-the-snapshot").status().code(), ENOENT);
+  Unmount(sandbox);
+
+  const std::string view = MountStack("view", {"sb-1-snapshot:1"}, false, true);
+  ASSERT_FALSE(view.empty());
+  ExpectSameView(want, view, /*directory_nlink=*/false);
 }
 
 // An upper directory written by hand, for the inputs a kernel overlay would
