@@ -1,12 +1,13 @@
 // scripts/bench packdiff: packing an upper directory, against tar | zstd, in one run.
-//  1. A 100 MB upper directory of 5,000 files (sizes spread log-uniformly
-//     from 1 KiB to 200 KiB; every other file text-like and compressible,
-//     the rest random bytes) packed as a diff and published to a fresh
-//     file:// store, versus `tar c | zstd -1` of the same directory to a
-//     file: time (median of 3, alternating, page cache warm) and size. The
-//     file:// store fsyncs every object it stores, so the publish is also
-//     set against the tar file fsync-ed, and run again with the store on
-//     tmpfs (where fsync costs nothing) to show what the fsyncs cost.
+//  1. A 100 MB upper directory of 5,000 files in 400 directories (sizes
+//     spread log-uniformly from 1 KiB to 200 KiB; every other file
+//     text-like and compressible, the rest random bytes) packed as a diff
+//     and published to a fresh file:// store, versus `tar c | zstd -1` of
+//     the same directory to a file: time (median of 3, alternating, page
+//     cache warm) and size. The file:// store fsyncs every object it
+//     stores, so the publish is also set against the tar file fsync-ed,
+//     and run again with the store on tmpfs (where fsync costs nothing) to
+//     show what the fsyncs cost.
 //  2. One file changed on a 200 MB base (2,000 files of 100 KiB, random):
 //     the base mounted with the kernel's EROFS, an overlay on it, one file
 //     appended to, the upper packed: the diff's size and what it uploads,
@@ -66,7 +67,7 @@ std::string TextBytes(size_t n, uint64_t seed) {
   return s;
 }
 
-// 5,000 files, ~100 MB, 50 directories.
+// 5,000 files, ~100 MB, in 50 directories of 7 subdirectories each.
 uint64_t MakeUpper(const std::string& root) {
   std::mt19937_64 rng(42);
   std::uniform_real_distribution<double> logsize(std::log(1024.0), std::log(200.0 * 1024));
