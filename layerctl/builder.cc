@@ -48,41 +48,26 @@ bool Contains(const std::string& outer, const std::string& inner) {
   return false;
 }
 
-}  // namespace
+// What the input was, once it has been read: manifest.build.source and
+// BuiltLayer::source_bytes.
+struct SourceFacts {
+  std::string hash;
+  uint64_t bytes = 0;
+};
 
-Result<BuiltLayer> BuildLayer(const BuildOptions& options) {
+// The image from `fill`, then the manifest, then everything into place.
+Result<BuiltLayer> Build(const BuildOptions& options, const FillImage& fill,
+                         const std::function<SourceFacts()>& source_facts) {
   const std::string& out = options.output_dir;
   auto where = [&](std::string_view step) { return StrCat("build layer from ", options.source, ": ", step); };
-  if (options.chunk_size < 4096 || (options.chunk_size & (options.chunk_size - 1))) {
-    return Error(EINVAL, StrCat("chunk size ", options.chunk_size, ": must be a power of two of at least 4096"));
-  }
-  if (options.kind != cache::LayerKind::kDiff && !options.parents.empty()) {
-    return Error(EINVAL, "only diff layers have parents");
-  }
-  struct stat src_st;
-  const bool is_dir = options.source != "-" && ::stat(options.source.c_str(), &src_st) == 0 && S_ISDIR(src_st.st_mode);
-  if (!is_dir && options.source != "-" && ::access(options.source.c_str(), R_OK) != 0) {
-    return ErrnoError(errno, where("open source"));
-  }
   STRATA_RETURN_IF_ERROR(MakeDirs(out));
-  if (is_dir && Contains(options.source, out)) {
-    return Error(EINVAL, where(StrCat("the output directory ", out, " lies inside the source")));
-  }
 
-  // 1. The image: the tree or the archive streamed into the writer, under
-  //    temporary names.
+  // 1. The image, under temporary names.
   const std::string meta_tmp = JoinPath(out, ".meta.tmp"), blob_tmp = JoinPath(out, ".blob.tmp");
   TempFiles temps({meta_tmp, blob_tmp});
   auto writer = ImageWriter::Create({.block_size = 4096, .chunk_size = options.chunk_size, .blob_path = blob_tmp});
   if (!writer.ok()) return writer.status().Annotate(where("start the image"));
-  TarStats tar;
-  if (is_dir) {
-    STRATA_RETURN_IF_ERROR(AddDirectoryTree(options.source, **writer).Annotate(where("read the tree")));
-  } else {
-    auto read = AddTar(options.source, **writer);
-    if (!read.ok()) return read.status().Annotate(where("read the archive"));
-    tar = *read;
-  }
+  STRATA_RETURN_IF_ERROR(fill(**writer));
   auto image = (*writer)->Finish(meta_tmp);
   if (!image.ok()) return image.status().Annotate(where("write the image"));
 
@@ -100,12 +85,13 @@ Result<BuiltLayer> BuildLayer(const BuildOptions& options) {
   m.extents = std::move(image->extents);
   m.files = image->inodes;
   m.bytes = image->file_bytes;
-  m.source = is_dir ? "" : tar.source.Hex();
+  const SourceFacts facts = source_facts();
+  m.source = facts.hash;
   STRATA_RETURN_IF_ERROR(m.Validate().Annotate(where("manifest")));
   std::string manifest_json = m.ToJson();
   layer.digest = HashBytes(manifest_json);
   layer.dir = out;
-  layer.source_bytes = tar.source_bytes;
+  layer.source_bytes = facts.bytes;
 
   // 3. Into place; the manifest last so a reader of DIR never sees a
   //    manifest that does not describe the images beside it.
@@ -116,6 +102,46 @@ Result<BuiltLayer> BuildLayer(const BuildOptions& options) {
   temps.Release();
   STRATA_RETURN_IF_ERROR(WriteFileAtomic(JoinPath(out, kManifestFile), manifest_json + "\n"));
   return layer;
+}
+
+Status CheckOptions(const BuildOptions& options) {
+  if (options.chunk_size < 4096 || (options.chunk_size & (options.chunk_size - 1))) {
+    return Error(EINVAL, StrCat("chunk size ", options.chunk_size, ": must be a power of two of at least 4096"));
+  }
+  if (options.kind != cache::LayerKind::kDiff && !options.parents.empty()) {
+    return Error(EINVAL, "only diff layers have parents");
+  }
+  return OkStatus();
+}
+
+}  // namespace
+
+Result<BuiltLayer> BuildLayer(const BuildOptions& options) {
+  auto where = [&](std::string_view step) { return StrCat("build layer from ", options.source, ": ", step); };
+  STRATA_RETURN_IF_ERROR(CheckOptions(options));
+  struct stat src_st;
+  const bool is_dir = options.source != "-" && ::stat(options.source.c_str(), &src_st) == 0 && S_ISDIR(src_st.st_mode);
+  if (!is_dir && options.source != "-" && ::access(options.source.c_str(), R_OK) != 0) {
+    return ErrnoError(errno, where("open source"));
+  }
+  STRATA_RETURN_IF_ERROR(MakeDirs(options.output_dir));
+  if (is_dir && Contains(options.source, options.output_dir)) {
+    return Error(EINVAL, where(StrCat("the output directory ", options.output_dir, " lies inside the source")));
+  }
+  TarStats tar;
+  auto fill = [&](ImageWriter& writer) -> Status {
+    if (is_dir) return AddDirectoryTree(options.source, writer).Annotate(where("read the tree"));
+    auto read = AddTar(options.source, writer);
+    if (!read.ok()) return read.status().Annotate(where("read the archive"));
+    tar = *read;
+    return OkStatus();
+  };
+  return Build(options, fill, [&] { return is_dir ? SourceFacts{} : SourceFacts{tar.source.Hex(), tar.source_bytes}; });
+}
+
+Result<BuiltLayer> BuildLayerFrom(const BuildOptions& options, const FillImage& fill) {
+  STRATA_RETURN_IF_ERROR(CheckOptions(options));
+  return Build(options, fill, [] { return SourceFacts{}; });
 }
 
 Result<BuiltLayer> OpenLayerDir(const std::string& dir) {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -41,6 +42,18 @@ struct BuiltLayer {
 // temporary files behind on failure. output_dir must not lie inside a
 // source directory.
 Result<BuiltLayer> BuildLayer(const BuildOptions& options);
+
+class ImageWriter;
+
+// Adds a layer's entries to the writer (packdiff's way in: it translates an
+// overlayfs upper directory entry by entry).
+using FillImage = std::function<Status(ImageWriter& writer)>;
+
+// BuildLayer with the entries `fill` adds instead of a directory or an
+// archive; options.source only names the input in messages and
+// manifest.build.source is "". Same guarantees: nothing under the final
+// names unless every step succeeded, no temporary files left on failure.
+Result<BuiltLayer> BuildLayerFrom(const BuildOptions& options, const FillImage& fill);
 
 // Reads DIR/manifest.json and checks that DIR's image files match it.
 Result<BuiltLayer> OpenLayerDir(const std::string& dir);

@@ -30,49 +30,6 @@ Attributes AttributesOf(const struct stat& st) {
                     .mtime_nsec = static_cast<uint32_t>(st.st_mtim.tv_nsec)};
 }
 
-// Reads every xattr, through `fd` when it is valid, else through `access`
-// without following a final symlink; `path` is for messages. Sizes may
-// change under us: retry.
-Result<std::vector<erofs::Xattr>> ReadXattrs(int fd, const std::string& access, const std::string& path) {
-  auto list = [&](char* buf, size_t size) {
-    return fd >= 0 ? ::flistxattr(fd, buf, size) : ::llistxattr(access.c_str(), buf, size);
-  };
-  auto get = [&](const char* name, void* buf, size_t size) {
-    return fd >= 0 ? ::fgetxattr(fd, name, buf, size) : ::lgetxattr(access.c_str(), name, buf, size);
-  };
-  std::vector<erofs::Xattr> out;
-  std::string names;
-  while (true) {
-    ssize_t n = list(nullptr, 0);
-    if (n < 0 && (errno == ENOTSUP || errno == ENODATA)) return out;
-    if (n < 0) return ErrnoError(errno, "list xattrs of " + path);
-    names.resize(static_cast<size_t>(n));
-    n = list(names.data(), names.size());
-    if (n < 0 && errno == ERANGE) continue;
-    if (n < 0) return ErrnoError(errno, "list xattrs of " + path);
-    names.resize(static_cast<size_t>(n));
-    break;
-  }
-  for (size_t pos = 0; pos < names.size();) {
-    const std::string name(names.c_str() + pos);
-    pos += name.size() + 1;
-    std::string value;
-    while (true) {
-      ssize_t n = get(name.c_str(), nullptr, 0);
-      if (n < 0 && errno == ENODATA) break;  // removed meanwhile
-      if (n < 0) return ErrnoError(errno, StrCat("read xattr ", name, " of ", path));
-      value.resize(static_cast<size_t>(n));
-      n = get(name.c_str(), value.data(), value.size());
-      if (n < 0 && errno == ERANGE) continue;
-      if (n < 0) return ErrnoError(errno, StrCat("read xattr ", name, " of ", path));
-      value.resize(static_cast<size_t>(n));
-      out.push_back({name, std::move(value)});
-      break;
-    }
-  }
-  return out;
-}
-
 class TreeReader {
  public:
   TreeReader(std::string root, ImageWriter& writer) : root_(std::move(root)), writer_(writer) {}
@@ -213,6 +170,46 @@ Status TreeReader::AddEntry(int dir_fd, const std::string& name, const std::stri
 }
 
 }  // namespace
+
+Result<std::vector<erofs::Xattr>> ReadXattrs(int fd, const std::string& access, const std::string& path) {
+  auto list = [&](char* buf, size_t size) {
+    return fd >= 0 ? ::flistxattr(fd, buf, size) : ::llistxattr(access.c_str(), buf, size);
+  };
+  auto get = [&](const char* name, void* buf, size_t size) {
+    return fd >= 0 ? ::fgetxattr(fd, name, buf, size) : ::lgetxattr(access.c_str(), name, buf, size);
+  };
+  std::vector<erofs::Xattr> out;
+  std::string names;
+  while (true) {
+    ssize_t n = list(nullptr, 0);
+    if (n < 0 && (errno == ENOTSUP || errno == ENODATA)) return out;
+    if (n < 0) return ErrnoError(errno, "list xattrs of " + path);
+    names.resize(static_cast<size_t>(n));
+    n = list(names.data(), names.size());
+    if (n < 0 && errno == ERANGE) continue;
+    if (n < 0) return ErrnoError(errno, "list xattrs of " + path);
+    names.resize(static_cast<size_t>(n));
+    break;
+  }
+  for (size_t pos = 0; pos < names.size();) {
+    const std::string name(names.c_str() + pos);
+    pos += name.size() + 1;
+    std::string value;
+    while (true) {
+      ssize_t n = get(name.c_str(), nullptr, 0);
+      if (n < 0 && errno == ENODATA) break;  // removed meanwhile
+      if (n < 0) return ErrnoError(errno, StrCat("read xattr ", name, " of ", path));
+      value.resize(static_cast<size_t>(n));
+      n = get(name.c_str(), value.data(), value.size());
+      if (n < 0 && errno == ERANGE) continue;
+      if (n < 0) return ErrnoError(errno, StrCat("read xattr ", name, " of ", path));
+      value.resize(static_cast<size_t>(n));
+      out.push_back({name, std::move(value)});
+      break;
+    }
+  }
+  return out;
+}
 
 Status AddDirectoryTree(const std::string& root, ImageWriter& writer) { return TreeReader(root, writer).Run(); }
 

@@ -22,4 +22,10 @@ namespace strata::layerctl {
 // (nothing is silently left out).
 Status AddDirectoryTree(const std::string& root, ImageWriter& writer);
 
+// Every xattr of one entry: through `fd` when it is valid, else through the
+// path `access` without following a final symlink; `path` names the entry
+// in errors. Retries when a size changes under it; a filesystem without
+// xattrs gives none.
+Result<std::vector<erofs::Xattr>> ReadXattrs(int fd, const std::string& access, const std::string& path);
+
 }  // namespace strata::layerctl

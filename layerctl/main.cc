@@ -89,7 +89,7 @@ int main(int argc, char** argv) {
   pull->add_option("REF", ref, "NAME:VERSION or digest")->required();
   pull->add_option("-o,--output", out_dir, "directory")->required();
 
-  auto* ls = app.add_subcommand("ls", "list tags: name, version, digest, kind, size, created");
+  auto* ls = app.add_subcommand("ls", "list tags: name, version, digest, kind, size, created, parents (diffs)");
   std::string ls_name;
   ls->add_option("NAME", ls_name, "only this name");
 
@@ -184,24 +184,29 @@ int main(int argc, char** argv) {
     auto tags = catalog->ListTags(ls_name);
     if (!tags.ok()) return Fail(tags.status());
     json rows = json::array();
-    std::vector<std::vector<std::string>> table = {{"NAME", "VERSION", "DIGEST", "KIND", "SIZE", "CREATED"}};
+    std::vector<std::vector<std::string>> table = {{"NAME", "VERSION", "DIGEST", "KIND", "SIZE", "CREATED", "PARENTS"}};
     for (const auto& t : *tags) {
       auto m = catalog->GetManifest(t.digest);
       std::string kind = m.ok() ? std::string(cache::LayerKindName(m->kind)) : "?";
       uint64_t size = m.ok() ? m->meta_size + m->blob_size : 0;
       json parents = json::array();
+      std::vector<std::string> short_parents;  // a diff's stack, bottom first
       if (m.ok()) {
-        for (const auto& p : m->parents) parents.push_back(p.Hex());
+        for (const auto& p : m->parents) {
+          parents.push_back(p.Hex());
+          short_parents.push_back(p.Hex().substr(0, 12));
+        }
       }
       rows.push_back({{"name", t.name}, {"version", t.version}, {"digest", t.digest.Hex()}, {"kind", kind},
                       {"size", size}, {"created", t.created}, {"by", t.by}, {"parents", parents}});
-      table.push_back({t.name, t.version, t.digest.Hex(), kind, FormatBytes(size), t.created});
+      table.push_back({t.name, t.version, t.digest.Hex(), kind, FormatBytes(size), t.created,
+                       short_parents.empty() ? "-" : Join(short_parents, ",")});
     }
     if (as_json) {
       std::cout << rows.dump() << "\n";
       return 0;
     }
-    std::vector<size_t> width(6, 0);
+    std::vector<size_t> width(table.front().size(), 0);
     for (const auto& row : table) {
       for (size_t i = 0; i < row.size(); ++i) width[i] = std::max(width[i], row[i].size());
     }

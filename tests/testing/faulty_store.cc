@@ -46,8 +46,12 @@ Status FaultyStore::BeforeRead(std::string_view key) {
 }
 
 Status FaultyStore::Put(std::string_view key, std::string_view data) {
-  if (puts_left_.load() >= 0 && puts_left_.fetch_sub(1) <= 0) {
-    return Error(put_code_.load(), StrCat("faulty store: put ", key, ": injected failure"));
+  // Count down to 0 and stay there: once failing, every put fails (a bare
+  // fetch_sub would go negative, which means "let every put through").
+  int left = puts_left_.load();
+  while (left >= 0) {
+    if (left == 0) return Error(put_code_.load(), StrCat("faulty store: put ", key, ": injected failure"));
+    if (puts_left_.compare_exchange_weak(left, left - 1)) break;
   }
   ++puts_;
   return inner_->Put(key, data);

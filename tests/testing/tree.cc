@@ -274,7 +274,7 @@ Result<TreeSnapshot> SnapshotTree(const std::string& root, const SnapshotOptions
     info.mode = st.st_mode;
     info.uid = st.st_uid;
     info.gid = st.st_gid;
-    info.nlink = options.nlink ? static_cast<uint32_t>(st.st_nlink) : 0;
+    info.nlink = options.nlink && (options.directory_nlink || !S_ISDIR(st.st_mode)) ? static_cast<uint32_t>(st.st_nlink) : 0;
     info.mtime_ns = static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
     if (S_ISDIR(st.st_mode) && !options.directory_mtimes) info.mtime_ns = 0;
     if (S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode)) info.rdev = st.st_rdev;
@@ -330,7 +330,7 @@ Result<TreeSnapshot> SnapshotImage(const erofs::Image& image, const SnapshotOpti
     info.mode = inode.mode;
     info.uid = inode.uid;
     info.gid = inode.gid;
-    info.nlink = options.nlink ? inode.nlink : 0;
+    info.nlink = options.nlink && (options.directory_nlink || !S_ISDIR(inode.mode)) ? inode.nlink : 0;
     info.mtime_ns = inode.mtime * 1000000000 + inode.mtime_nsec;
     if (S_ISDIR(inode.mode) && !options.directory_mtimes) info.mtime_ns = 0;
     if (S_ISCHR(inode.mode) || S_ISBLK(inode.mode)) info.rdev = inode.rdev;

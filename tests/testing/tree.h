@@ -51,6 +51,10 @@ struct SnapshotOptions {
   bool directory_mtimes = true;
   bool root_attributes = true;  // compare the root directory itself
   bool nlink = true;
+  // Directories' link counts. overlayfs reports 1 for a directory merged
+  // from several layers and the real count for one from a single layer, so
+  // views of the same tree in differently split layers disagree here.
+  bool directory_nlink = true;
   // Drop xattrs with these prefixes (e.g. overlayfs's own "trusted.overlay.").
   std::vector<std::string> ignore_xattr_prefixes;
 };
