@@ -13,6 +13,7 @@
 #include "common/log.h"
 #include "common/strings.h"
 #include "lazyfs/client.h"
+#include "packdiff/packdiff.h"
 
 namespace strata::launcher {
 
@@ -245,6 +246,11 @@ Status SandboxManager::Recover() {
       }
     }
   }
+  // Snapshots a daemon was packing when it died.
+  if (auto uppers = UpperStore::Open(node_.uppers); uppers.ok()) {
+    Status s = uppers->RemoveSnapshots();
+    if (!s.ok()) STRATA_LOG(kWarn) << "remove leftover snapshots: " << s.ToString();
+  }
   // Upper volumes nobody owns any more (a reboot empties /run, so a volume
   // without its sandbox directory belongs to a sandbox that is gone).
   if (auto uppers = UpperStore::Open(node_.uppers); uppers.ok()) {
@@ -461,6 +467,49 @@ Status SandboxManager::Destroy(const std::string& id) {
   return s.ok() ? forget : s;
 }
 
+Result<json> SandboxManager::Snapshot(const std::string& id, const std::string& tag, std::vector<std::string> excludes) {
+  STRATA_ASSIGN_OR_RETURN(cache::LayerRef ref, cache::ParseTag(tag));
+  STRATA_ASSIGN_OR_RETURN(auto entry, Find(id));
+  std::optional<UpperVolume> snapshot;
+  std::vector<std::string> parents;
+  std::string store_url;
+  const auto start = std::chrono::steady_clock::now();
+  {
+    std::lock_guard lock(entry->mu);
+    STRATA_ASSIGN_OR_RETURN(Sandbox * sb, Container(*entry, "snapshot"));
+    STRATA_ASSIGN_OR_RETURN(UpperVolume captured, sb->CaptureUpper());
+    snapshot.emplace(std::move(captured));
+    for (const auto& layer : sb->layers()) parents.push_back(layer.digest.Hex());
+    store_url = sb->store_url();
+  }
+  const double frozen_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  STRATA_ASSIGN_OR_RETURN(auto store, cache::OpenStore(store_url));
+  cache::Catalog catalog(store);
+  auto report = packdiff::PackUpper({.upper = snapshot->upper(),
+                                     .parents = parents,
+                                     .tag = ref,
+                                     .excludes = std::move(excludes),
+                                     .id_shift = packdiff::IdShift{node_.idmap.host, node_.idmap.size}},
+                                    catalog);
+  Status removed = snapshot->Destroy();
+  if (!report.ok()) return report.status().Annotate(StrCat("snapshot sandbox ", id));
+  if (!removed.ok()) STRATA_LOG(kWarn) << "snapshot of " << id << ": " << removed.ToString();
+  json parents_json = json::array();
+  for (const auto& d : report->parents) parents_json.push_back(d.Hex());
+  json out = {{"digest", report->digest.Hex()},
+              {"tag", ref.ToString()},
+              {"parents", parents_json},
+              {"layer_bytes", report->layer_bytes},
+              {"frozen_ms", frozen_ms},
+              {"seconds", std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()}};
+  if (report->push) {
+    out["bytes_uploaded"] = report->push->bytes_uploaded;
+    out["bytes_present"] = report->push->bytes_present;
+  }
+  ++snapshots_;
+  return out;
+}
+
 Result<json> SandboxManager::Info(const std::string& id) {
   STRATA_ASSIGN_OR_RETURN(auto entry, Find(id));
   std::lock_guard lock(entry->mu);
@@ -530,6 +579,8 @@ std::string SandboxManager::Metrics() {
   out += StrCat("strata_sandbox_creation_failures_total ", creation_failures_.load(), "\n");
   out += "# HELP strata_sandbox_destructions_total Sandboxes destroyed.\n# TYPE strata_sandbox_destructions_total counter\n";
   out += StrCat("strata_sandbox_destructions_total ", destructions_.load(), "\n");
+  out += "# HELP strata_snapshots_total Snapshots published.\n# TYPE strata_snapshots_total counter\n";
+  out += StrCat("strata_snapshots_total ", snapshots_.load(), "\n");
   out += "# HELP strata_exec_duration_seconds Exec latency (recent execs).\n# TYPE strata_exec_duration_seconds summary\n";
   char buf[64];
   for (double q : {0.5, 0.9, 0.99}) {

@@ -38,6 +38,11 @@ class SandboxManager {
   Result<std::string> Get(const std::string& id, const std::string& path);
   Status Pause(const std::string& id);
   Status Resume(const std::string& id);
+  // Freezes the sandbox while its upper volume is snapshotted, thaws it,
+  // then packs the snapshot as a diff over the sandbox's stack and
+  // publishes it under `tag` (see packdiff). Returns digest, parents,
+  // bytes, and how long the sandbox was frozen.
+  Result<nlohmann::json> Snapshot(const std::string& id, const std::string& tag, std::vector<std::string> excludes);
   Status Destroy(const std::string& id);
   Result<nlohmann::json> Info(const std::string& id);
   nlohmann::json List();
@@ -99,7 +104,7 @@ class SandboxManager {
   Recovery recovery_;
 
   // Metrics.
-  std::atomic<uint64_t> creations_{0}, creation_failures_{0}, destructions_{0}, execs_{0};
+  std::atomic<uint64_t> creations_{0}, creation_failures_{0}, destructions_{0}, execs_{0}, snapshots_{0};
   std::mutex latency_mu_;
   std::vector<double> exec_ms_;  // recent exec latencies (a ring)
   size_t exec_ms_next_ = 0;

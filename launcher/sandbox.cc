@@ -504,6 +504,20 @@ Status Sandbox::Resume() {
   return SaveState({{"paused", false}});
 }
 
+Result<UpperVolume> Sandbox::CaptureUpper() {
+  if (!upper_) return Error(ENOTSUP, StrCat("snapshot: sandbox ", id_, " has no upper volume"));
+  STRATA_ASSIGN_OR_RETURN(UpperStore store, UpperStore::Open(node_.uppers));
+  const bool was_paused = paused_;
+  if (!was_paused) STRATA_RETURN_IF_ERROR(Pause());
+  auto snapshot = store.Snapshot(*upper_, StrCat(id_, "-", std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                             std::chrono::system_clock::now().time_since_epoch()).count()));
+  if (!was_paused) {
+    Status resumed = Resume();
+    if (!resumed.ok()) return resumed.Annotate("thaw after the snapshot");
+  }
+  return snapshot;
+}
+
 Status Sandbox::SaveState(const json& changes) {
   auto text = ReadFileToString(dir_ + "/state.json");
   json state = text.ok() ? json::parse(*text, nullptr, false) : json::object();

@@ -86,6 +86,10 @@ class Sandbox {
   // The upper volume (for snapshots).
   const std::optional<UpperVolume>& upper() const { return upper_; }
   const NodeConfig& node() const { return node_; }
+  // A read-only snapshot of the upper volume, taken with every process of
+  // the sandbox frozen (for as short as the snapshot takes).
+  Result<UpperVolume> CaptureUpper();
+  const std::string& store_url() const { return store_url_; }
   // Removes everything; idempotent. The first error is returned, but every
   // step is attempted.
   Status Destroy();

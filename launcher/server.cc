@@ -246,7 +246,17 @@ HttpServer::Response LauncherServer::Handle(const HttpServer::Request& req) {
     return r;
   }
   if (verb == "snapshot" && req.method == "POST") {
-    return HttpServer::ErrorResponse(Error(ENOTSUP, "snapshot: not available in this build"));
+    std::vector<std::string> excludes;
+    try {
+      excludes = body.value("exclude", std::vector<std::string>{});
+    } catch (const json::exception& e) {
+      return HttpServer::ErrorResponse(Error(EINVAL, StrCat("snapshot: exclude: ", e.what())));
+    }
+    if (!body.contains("tag") || !body["tag"].is_string()) {
+      return HttpServer::ErrorResponse(Error(EINVAL, "snapshot: tag (NAME:VERSION) is required"));
+    }
+    auto r = manager_.Snapshot(id, body["tag"].get<std::string>(), std::move(excludes));
+    return r.ok() ? Json(*r, 201) : HttpServer::ErrorResponse(r.status());
   }
   return HttpServer::ErrorResponse(Error(ENOENT, "no API " + req.method + " " + req.path));
 }

@@ -134,6 +134,48 @@ Result<UpperVolume> UpperStore::Adopt(const std::string& name) const {
   return volume;
 }
 
+Result<UpperVolume> UpperStore::Snapshot(const UpperVolume& source, const std::string& name) const {
+  STRATA_RETURN_IF_ERROR(CheckName(name));
+  const std::string dir = root_ + "/.snapshots";
+  if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) return ErrnoError(errno, "create " + dir);
+  UniqueFd parent(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!parent) return ErrnoError(errno, "open " + dir);
+  UniqueFd src(::open(source.path().c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!src) return ErrnoError(errno, "open " + source.path());
+  btrfs_ioctl_vol_args_v2 args{};
+  args.fd = src.get();
+  args.flags = BTRFS_SUBVOL_RDONLY;
+  std::strncpy(args.name, name.c_str(), BTRFS_SUBVOL_NAME_MAX);
+  if (::ioctl(parent.get(), BTRFS_IOC_SNAP_CREATE_V2, &args) != 0) {
+    return ErrnoError(errno, StrCat("snapshot ", source.path(), " as ", dir, "/", name));
+  }
+  UpperVolume volume;
+  volume.root_ = dir;
+  volume.name_ = name;
+  volume.path_ = dir + "/" + name;  // from here on the destructor removes it
+  UniqueFd sub(::open(volume.path_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!sub) return ErrnoError(errno, "open " + volume.path_);
+  STRATA_ASSIGN_OR_RETURN(volume.subvol_id_, SubvolumeId(sub.get()));
+  return volume;
+}
+
+Status UpperStore::RemoveSnapshots() const {
+  const std::string dir = root_ + "/.snapshots";
+  DIR* d = ::opendir(dir.c_str());
+  if (!d) return errno == ENOENT ? OkStatus() : ErrnoError(errno, "list " + dir);
+  std::vector<std::string> names;
+  while (dirent* e = ::readdir(d)) {
+    if (e->d_name[0] != '.') names.push_back(e->d_name);
+  }
+  ::closedir(d);
+  Status first;
+  for (const auto& name : names) {
+    Status s = DestroySubvolume(dir, name);
+    if (!s.ok() && first.ok()) first = s;
+  }
+  return first;
+}
+
 Result<std::vector<std::string>> UpperStore::List() const {
   std::vector<std::string> out;
   DIR* dir = ::opendir(root_.c_str());

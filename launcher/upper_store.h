@@ -54,6 +54,11 @@ class UpperStore {
   Result<UpperVolume> Adopt(const std::string& name) const;
   // Subvolume names under the root.
   Result<std::vector<std::string>> List() const;
+  // A read-only snapshot of `source` named `name`, under <root>/.snapshots
+  // (List does not show them); its Destroy() deletes it.
+  Result<UpperVolume> Snapshot(const UpperVolume& source, const std::string& name) const;
+  // Deletes every snapshot (left by a daemon that died while packing one).
+  Status RemoveSnapshots() const;
   const std::string& root() const { return root_; }
 
  private:

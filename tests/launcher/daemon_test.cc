@@ -1,5 +1,6 @@
 // System tests of the launcher daemon: its API and CLI verbs, access
 // control, and recovery after the daemon is killed.
+#include <dirent.h>
 #include <sys/stat.h>
 
 #include <mutex>
@@ -402,6 +403,57 @@ TEST_F(DaemonTest, FunctionCallsShareOnlyTheReadOnlyLayers) {
   ASSERT_OK_AND_ASSIGN(auto run, Run({"--backend", "fncall", "--layer", "busybox:1", "--", "echo", "warm"}));
   EXPECT_EQ(run.out, "warm\n") << run.err;
   EXPECT_EQ(Metric("strata_fncall_pools"), 1u);
+}
+
+TEST_F(DaemonTest, ASnapshotStartsNewSandboxesWhereTheAgentLeftOff) {
+  StartDaemon();
+  std::string id = Create();
+  ASSERT_OK_AND_ASSIGN(auto work, Cli({"exec", id, "--", "sh", "-c",
+                                       "mkdir -p /work/src && echo built > /work/src/out && chmod 0751 /work/src/out && "
+                                       "chown 1000:1000 /work/src && ln -s out /work/src/link && rm /etc/passwd && "
+                                       "rm -rf /mnt && mkdir /mnt && touch /mnt/fresh"}));
+  ASSERT_EQ(work.exit_code, 0) << work.err;
+  // A process keeps running across the snapshot: it is frozen only briefly.
+  ASSERT_OK_AND_ASSIGN(auto bg, Cli({"exec", id, "--", "sh", "-c", "(while :; do date +%s%N > /tmp/tick; sleep 0.01; done) >/dev/null 2>&1 &"}));
+  ASSERT_EQ(bg.exit_code, 0) << bg.err;
+
+  ASSERT_OK_AND_ASSIGN(json snap, client_->Snapshot(id, "env:1"));
+  EXPECT_EQ(snap["tag"], "env:1");
+  EXPECT_EQ(snap["parents"].size(), 1u);
+  EXPECT_LT(snap["frozen_ms"].get<double>(), 5000);
+  ASSERT_OK_AND_ASSIGN(auto still, Cli({"exec", id, "--", "cat", "/work/src/out"}));
+  EXPECT_EQ(still.out, "built\n") << "the sandbox runs on after its snapshot: " << still.err;
+
+  // A diff alone brings its parents: the new sandbox sees what the agent left.
+  std::string next = Create({"--layer", "env:1"});
+  ASSERT_OK_AND_ASSIGN(auto seen, Cli({"exec", next, "--", "sh", "-c",
+                                       "cat /work/src/out; stat -c '%a %u' /work/src/out; stat -c '%u:%g' /work/src; readlink /work/src/link; "
+                                       "test -e /etc/passwd || echo passwd gone; ls /mnt; test -e /tmp/tick && echo tick"}));
+  EXPECT_EQ(seen.out, "built\n751 0\n1000:1000\nout\npasswd gone\nfresh\ntick\n") << seen.err;
+  ASSERT_OK_AND_ASSIGN(auto ls, Cli({"ls", "--json"}));
+  for (const auto& s : json::parse(ls.out)) {
+    if (s["id"] == next) {
+      EXPECT_EQ(s["layers"].size(), 2u) << ls.out;
+    }
+  }
+  // The CLI verb; bad tags and function-call sandboxes are refused by name.
+  ASSERT_OK_AND_ASSIGN(auto cli, Cli({"snapshot", next, "--tag", "env:2"}));
+  EXPECT_EQ(cli.exit_code, 0) << cli.err;
+  EXPECT_EQ(cli.out.size(), 33u) << cli.out;  // a digest and a newline
+  ASSERT_OK_AND_ASSIGN(auto bad, Cli({"snapshot", next, "--tag", "no-version"}));
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.err.find("no-version"), std::string::npos) << bad.err;
+  std::string fn = Create({"--backend", "fncall"});
+  ASSERT_OK_AND_ASSIGN(auto refused, Cli({"snapshot", fn, "--tag", "env:3"}));
+  EXPECT_NE(refused.err.find("function-call sandbox"), std::string::npos) << refused.err;
+  EXPECT_EQ(Metric("strata_snapshots_total"), 2u);
+  // No snapshot subvolume is left behind.
+  DIR* d = ::opendir((uppers_ + "/.snapshots").c_str());
+  int snapshots = 0;
+  while (d && ::readdir(d)) ++snapshots;
+  if (d) ::closedir(d);
+  EXPECT_LE(snapshots, 2) << "(. and ..)";
+  ::rmdir((uppers_ + "/.snapshots").c_str());
 }
 
 }  // namespace
