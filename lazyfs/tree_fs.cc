@@ -3,8 +3,12 @@
 // The filesystem keeps no per-inode state: a FUSE node id is the nid (the
 // root is remapped to FUSE_ROOT_ID), every operation re-reads what it needs
 // from the image, and lookup counts need no bookkeeping (forget is a no-op).
-// Only open files and directories carry a handle: the parsed inode, and a
-// directory's entries so readdir offsets stay stable across calls.
+// Opens cost a round trip each for nothing, so where the kernel allows it
+// (FUSE_CAP_NO_OPEN_SUPPORT, FUSE_CAP_NO_OPENDIR_SUPPORT) open and opendir
+// answer ENOSYS: the kernel then opens without asking, keeps file pages and
+// directory listings cached, and sends no release. Where it does not, open
+// files carry their parsed inode and open directories their entries.
+// Readdir offsets are indexes into the entries, which never change.
 #define FUSE_USE_VERSION 312
 #include "lazyfs/tree_fs.h"
 
@@ -68,6 +72,12 @@ struct TreeFsOps {
   };
 
   static TreeFs* Fs(fuse_req_t req) { return static_cast<TreeFs*>(fuse_req_userdata(req)); }
+
+  // The inode an open file carries, or (no open was sent) the one `ino` names.
+  static Result<erofs::Inode> FileInode(const TreeFs& fs, fuse_ino_t ino, const fuse_file_info* fi) {
+    if (fi != nullptr && fi->fh != 0) return *reinterpret_cast<const erofs::Inode*>(fi->fh);
+    return fs.image_->GetInode(NidOf(fs, ino));
+  }
 
   static uint64_t NidOf(const TreeFs& fs, fuse_ino_t ino) {
     return ino == FUSE_ROOT_ID ? fs.image_->info().root_nid : ino - 2;
@@ -145,7 +155,10 @@ struct TreeFsOps {
     return 0;
   }
 
-  static void Init(void*, fuse_conn_info* conn) {
+  static void Init(void* userdata, fuse_conn_info* conn) {
+    auto* fs = static_cast<TreeFs*>(userdata);
+    fs->no_open_ = (conn->capable & FUSE_CAP_NO_OPEN_SUPPORT) != 0;
+    fs->no_opendir_ = (conn->capable & FUSE_CAP_NO_OPENDIR_SUPPORT) != 0;
     if (conn->capable & FUSE_CAP_CACHE_SYMLINKS) conn->want |= FUSE_CAP_CACHE_SYMLINKS;
     if (conn->capable & FUSE_CAP_PARALLEL_DIROPS) conn->want |= FUSE_CAP_PARALLEL_DIROPS;
     if (conn->capable & FUSE_CAP_READDIRPLUS) conn->want |= FUSE_CAP_READDIRPLUS | FUSE_CAP_READDIRPLUS_AUTO;
@@ -211,6 +224,9 @@ struct TreeFsOps {
     Guard(req, [&] {
       const TreeFs& fs = *Fs(req);
       if ((fi->flags & O_ACCMODE) != O_RDONLY) return (void)fuse_reply_err(req, EROFS);
+      // The kernel treats this as success from now on (the mount is
+      // read-only, so it refuses writers itself).
+      if (fs.no_open_) return (void)fuse_reply_err(req, ENOSYS);
       const uint64_t nid = NidOf(fs, ino);
       auto inode = fs.image_->GetInode(nid);
       if (!inode.ok()) return FailIo(req, fs, "open", nid, inode.status());
@@ -223,10 +239,13 @@ struct TreeFsOps {
     });
   }
 
-  static void Read(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file_info* fi) {
+  static void Read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info* fi) {
     Guard(req, [&] {
       const TreeFs& fs = *Fs(req);
-      const auto* inode = reinterpret_cast<const erofs::Inode*>(fi->fh);
+      auto file = FileInode(fs, ino, fi);
+      if (!file.ok()) return FailIo(req, fs, "read", NidOf(fs, ino), file.status());
+      if (file->type != erofs::FileType::kRegular) return (void)fuse_reply_err(req, EINVAL);
+      const erofs::Inode* inode = &*file;
       thread_local std::vector<char> buf;
       if (buf.size() < size) buf.resize(size);
       auto n = fs.image_->Read(*inode, static_cast<uint64_t>(off), std::span<char>(buf.data(), size));
@@ -242,10 +261,13 @@ struct TreeFsOps {
 
   // SEEK_DATA and SEEK_HOLE (the kernel answers the other whences itself),
   // from the file's extents: a sparse file is read without its holes.
-  static void Lseek(fuse_req_t req, fuse_ino_t, off_t off, int whence, fuse_file_info* fi) {
+  static void Lseek(fuse_req_t req, fuse_ino_t ino, off_t off, int whence, fuse_file_info* fi) {
     Guard(req, [&] {
       const TreeFs& fs = *Fs(req);
-      const auto* inode = reinterpret_cast<const erofs::Inode*>(fi->fh);
+      auto file = FileInode(fs, ino, fi);
+      if (!file.ok()) return FailIo(req, fs, "seek", NidOf(fs, ino), file.status());
+      if (file->type != erofs::FileType::kRegular) return (void)fuse_reply_err(req, EINVAL);
+      const erofs::Inode* inode = &*file;
       if (whence != SEEK_DATA && whence != SEEK_HOLE) return (void)fuse_reply_err(req, EINVAL);
       const uint64_t pos = static_cast<uint64_t>(off);
       if (off < 0 || pos >= inode->size) return (void)fuse_reply_err(req, ENXIO);
@@ -264,30 +286,47 @@ struct TreeFsOps {
     });
   }
 
+  // A directory's entries with "." and ".." in the places the kernel's
+  // EROFS lists them; replies the error itself and returns null on failure.
+  static std::unique_ptr<DirHandle> MakeDirHandle(fuse_req_t req, const TreeFs& fs, uint64_t nid, const char* step) {
+    auto dir = fs.image_->GetInode(nid);
+    if (!dir.ok()) {
+      FailIo(req, fs, step, nid, dir.status());
+      return nullptr;
+    }
+    auto entries = fs.image_->ReadDir(*dir);
+    if (!entries.ok()) {
+      Fail(req, fs, "readdir", nid, entries.status(), {ENOTDIR});
+      return nullptr;
+    }
+    auto handle = std::make_unique<DirHandle>();
+    // ".." as the image stores it (the root's is the root itself).
+    uint64_t parent = nid;
+    if (nid != fs.image_->info().root_nid) {
+      auto dotdot = fs.image_->Lookup(*dir, "..");
+      if (dotdot.ok()) parent = dotdot->nid;
+    }
+    // "." and ".." in their sorted place among the names (on-disk order is
+    // byte-wise ascending).
+    handle->entries = std::move(*entries);
+    for (const char* name : {".", ".."}) {
+      auto at = std::lower_bound(handle->entries.begin(), handle->entries.end(), std::string_view(name),
+                                 [](const erofs::DirEntry& e, std::string_view n) { return e.name < n; });
+      handle->entries.insert(at, {name, name[1] ? parent : nid, erofs::FileType::kDirectory});
+    }
+    handle->dir = std::move(*dir);
+    return handle;
+  }
+
   static void Opendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
     Guard(req, [&] {
       const TreeFs& fs = *Fs(req);
-      const uint64_t nid = NidOf(fs, ino);
-      auto dir = fs.image_->GetInode(nid);
-      if (!dir.ok()) return FailIo(req, fs, "opendir", nid, dir.status());
-      auto entries = fs.image_->ReadDir(*dir);
-      if (!entries.ok()) return Fail(req, fs, "readdir", nid, entries.status(), {ENOTDIR});
-      auto handle = std::make_unique<DirHandle>();
-      // ".." as the image stores it (the root's is the root itself).
-      uint64_t parent = nid;
-      if (nid != fs.image_->info().root_nid) {
-        auto dotdot = fs.image_->Lookup(*dir, "..");
-        if (dotdot.ok()) parent = dotdot->nid;
-      }
-      // "." and ".." where the kernel's EROFS lists them: in their sorted
-      // place among the names (on-disk order is byte-wise ascending).
-      handle->entries = std::move(*entries);
-      for (const char* name : {".", ".."}) {
-        auto at = std::lower_bound(handle->entries.begin(), handle->entries.end(), std::string_view(name),
-                                   [](const erofs::DirEntry& e, std::string_view n) { return e.name < n; });
-        handle->entries.insert(at, {name, name[1] ? parent : nid, erofs::FileType::kDirectory});
-      }
-      handle->dir = std::move(*dir);
+      // From now on the kernel opens directories itself and caches their
+      // listings (FOPEN_KEEP_CACHE | FOPEN_CACHE_DIR); readdir comes
+      // without a handle.
+      if (fs.no_opendir_) return (void)fuse_reply_err(req, ENOSYS);
+      auto handle = MakeDirHandle(req, fs, NidOf(fs, ino), "opendir");
+      if (!handle) return;
       fi->fh = reinterpret_cast<uint64_t>(handle.get());
       fi->keep_cache = 1;
       fi->cache_readdir = 1;  // the kernel keeps the listing
@@ -295,10 +334,18 @@ struct TreeFsOps {
     });
   }
 
-  static void ReaddirImpl(fuse_req_t req, size_t size, off_t off, fuse_file_info* fi, bool plus) {
+  static void ReaddirImpl(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info* fi, bool plus) {
     Guard(req, [&] {
       const TreeFs& fs = *Fs(req);
-      const auto* handle = reinterpret_cast<const DirHandle*>(fi->fh);
+      // Without opendir, the entries are read again for each call; the
+      // kernel caches the listing, so that is once per directory.
+      std::unique_ptr<DirHandle> fresh;
+      const DirHandle* handle = reinterpret_cast<const DirHandle*>(fi->fh);
+      if (handle == nullptr) {
+        fresh = MakeDirHandle(req, fs, NidOf(fs, ino), "readdir");
+        if (!fresh) return;
+        handle = fresh.get();
+      }
       std::vector<char> buf(size);
       size_t used = 0;
       for (size_t i = static_cast<size_t>(std::max<off_t>(off, 0)); i < handle->entries.size(); ++i) {
@@ -342,11 +389,11 @@ struct TreeFsOps {
     });
   }
 
-  static void Readdir(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file_info* fi) {
-    ReaddirImpl(req, size, off, fi, false);
+  static void Readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info* fi) {
+    ReaddirImpl(req, ino, size, off, fi, false);
   }
-  static void Readdirplus(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file_info* fi) {
-    ReaddirImpl(req, size, off, fi, true);
+  static void Readdirplus(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info* fi) {
+    ReaddirImpl(req, ino, size, off, fi, true);
   }
 
   static void Releasedir(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {

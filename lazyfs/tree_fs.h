@@ -54,6 +54,9 @@ class TreeFs {
   std::shared_ptr<ServedLayer> layer_;
   std::unique_ptr<erofs::Image> image_;
   mutable std::atomic<uint64_t> errors_{0};  // EIO answers, for rate-limiting their log lines
+  // Set at FUSE init: the kernel opens files and directories without
+  // asking when they answer ENOSYS (see tree_fs.cc).
+  std::atomic<bool> no_open_{false}, no_opendir_{false};
   std::unique_ptr<FuseMount> fuse_;  // last, so first to go: its loop uses the members above
 };
 
