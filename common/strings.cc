@@ -150,4 +150,35 @@ std::string Quote(std::string_view s) {
   return out;
 }
 
+bool IsUtf8(std::string_view s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    size_t more;
+    uint32_t cp;
+    if (c < 0x80) {
+      ++i;
+      continue;
+    } else if ((c & 0xe0) == 0xc0) {
+      more = 1, cp = c & 0x1f;
+    } else if ((c & 0xf0) == 0xe0) {
+      more = 2, cp = c & 0x0f;
+    } else if ((c & 0xf8) == 0xf0) {
+      more = 3, cp = c & 0x07;
+    } else {
+      return false;
+    }
+    if (s.size() - i <= more) return false;
+    for (size_t k = 1; k <= more; ++k) {
+      const auto cc = static_cast<unsigned char>(s[i + k]);
+      if ((cc & 0xc0) != 0x80) return false;
+      cp = (cp << 6) | (cc & 0x3f);
+    }
+    static constexpr uint32_t kMin[] = {0, 0x80, 0x800, 0x10000};
+    if (cp < kMin[more] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return false;
+    i += more + 1;
+  }
+  return true;
+}
+
 }  // namespace strata

@@ -49,4 +49,8 @@ std::string FormatBytes(uint64_t bytes);
 // Quotes a string for messages when it holds spaces or odd bytes.
 std::string Quote(std::string_view s);
 
+// True when `s` is well-formed UTF-8 (no overlong forms, surrogates or code
+// points past U+10FFFF). File names need not be; JSON strings must.
+bool IsUtf8(std::string_view s);
+
 }  // namespace strata

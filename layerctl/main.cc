@@ -1,4 +1,6 @@
 // layerctl: build, publish, version, pull, inspect, verify and collect layers.
+#include <sys/sysmacros.h>
+
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <iostream>
@@ -10,6 +12,7 @@
 #include "common/units.h"
 #include "layerctl/builder.h"
 #include "layerctl/gc.h"
+#include "layerctl/inspect.h"
 #include "layerctl/publish.h"
 
 namespace {
@@ -58,6 +61,64 @@ json ManifestSummary(const Digest128& digest, const cache::Manifest& m) {
           {"bytes", m.bytes},          {"source", m.source}};
 }
 
+// JSON strings must be UTF-8 and names need not be: such a name is given
+// escaped for reading under `key` and exactly, in hex, under `key`_hex.
+void PutName(json& j, const std::string& key, const std::string& name) {
+  if (IsUtf8(name)) {
+    j[key] = name;
+    return;
+  }
+  j[key] = Quote(name);
+  j[key + "_hex"] = HexEncode(std::span(reinterpret_cast<const uint8_t*>(name.data()), name.size()));
+}
+
+json FileJson(const layerctl::FileEntry& f) {
+  const erofs::Inode& in = f.inode;
+  json j = {{"type", std::string(erofs::FileTypeName(in.type))},
+            {"mode", in.mode & 07777}, {"uid", in.uid},
+            {"gid", in.gid},          {"size", in.size},
+            {"nlink", in.nlink},      {"mtime", in.mtime},
+            {"mtime_nsec", in.mtime_nsec}, {"nid", in.nid}};
+  PutName(j, "path", f.path);
+  if (in.type == erofs::FileType::kSymlink) PutName(j, "target", f.link_target);
+  if (in.type == erofs::FileType::kCharDevice || in.type == erofs::FileType::kBlockDevice) j["rdev"] = in.rdev;
+  if (in.type == erofs::FileType::kRegular) {
+    json extents = json::array();
+    for (const auto& e : f.extents) {
+      json x = {{"offset", e.file_offset}, {"length", e.length}};
+      if (e.hole) {
+        x["hole"] = true;
+      } else if (e.in_metadata) {
+        x["in_metadata"] = true;
+      } else {
+        x["blob_offset"] = e.blob_offset;
+        if (e.chunk) x["chunk"] = e.chunk->Hex();
+      }
+      extents.push_back(std::move(x));
+    }
+    j["extents"] = std::move(extents);
+  }
+  return j;
+}
+
+// TYPE MODE UID:GID SIZE EXTENTS PATH [-> TARGET]; devices show
+// MAJOR,MINOR for the size, EXTENTS counts the stored pieces.
+std::string FileLine(const layerctl::FileEntry& f) {
+  const erofs::Inode& in = f.inode;
+  std::string size = StrCat(in.size);
+  if (in.type == erofs::FileType::kCharDevice || in.type == erofs::FileType::kBlockDevice) {
+    size = StrCat(major(in.rdev), ",", minor(in.rdev));
+  }
+  size_t stored = 0;
+  for (const auto& e : f.extents) stored += !e.hole;
+  char head[96];
+  std::snprintf(head, sizeof head, "%c %04o %11s %12s %4zu ", layerctl::FileTypeLetter(in.type), in.mode & 07777,
+                StrCat(in.uid, ":", in.gid).c_str(), size.c_str(), stored);
+  std::string line = head + Quote(f.path);
+  if (in.type == erofs::FileType::kSymlink) line += " -> " + Quote(f.link_target);
+  return line;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -93,8 +154,11 @@ int main(int argc, char** argv) {
   std::string ls_name;
   ls->add_option("NAME", ls_name, "only this name");
 
-  auto* inspect = app.add_subcommand("inspect", "show a layer's manifest");
+  auto* inspect = app.add_subcommand("inspect", "show a layer's manifest, or with --files its tree");
   inspect->add_option("REF", ref, "NAME:VERSION or digest")->required();
+  bool files = false;
+  inspect->add_flag("--files", files,
+                    "list every path: type, mode, owner, size, extents (read from the metadata image, not mounted)");
 
   auto* verify = app.add_subcommand("verify", "check every chunk's hash and fsck the assembled image");
   verify->add_option("REF", ref, "NAME:VERSION or digest")->required();
@@ -226,6 +290,18 @@ int main(int argc, char** argv) {
       if (!report.ok()) return Fail(report.status());
       if (as_json) std::cout << ManifestSummary(*digest, report->manifest).dump() << "\n";
       else std::cout << digest->Hex() << "\n";
+      return 0;
+    }
+    if (inspect->parsed() && files) {
+      json list = json::array();
+      if (!as_json) std::cout << "T MODE   UID:GID         SIZE EXTS PATH\n";
+      Status s = layerctl::ListLayerFiles(*catalog, *digest, [&](const layerctl::FileEntry& f) {
+        if (as_json) list.push_back(FileJson(f));
+        else std::cout << FileLine(f) << "\n";
+        return OkStatus();
+      });
+      if (!s.ok()) return Fail(s);
+      if (as_json) std::cout << json{{"digest", digest->Hex()}, {"files", list}}.dump() << "\n";
       return 0;
     }
     if (inspect->parsed()) {

@@ -24,6 +24,14 @@ std::string StateDirFor(const std::string& socket_path) {
   return base + ".d";
 }
 
+std::string_view MountModeName(MountMode mode) { return mode == MountMode::kFuse ? "fuse" : "kernel"; }
+
+Result<MountMode> ParseMountMode(std::string_view name) {
+  if (name.empty() || name == "kernel") return MountMode::kKernel;
+  if (name == "fuse") return MountMode::kFuse;
+  return Error(EINVAL, StrCat("mount mode ", Quote(name), ": expected \"kernel\" or \"fuse\""));
+}
+
 namespace {
 
 std::string HostName() {
@@ -78,6 +86,7 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
 
 Status Daemon::Init() {
   STRATA_RETURN_IF_ERROR(MakeDirs(state_dir_ + "/layers", 0700));
+  STRATA_RETURN_IF_ERROR(MakeDirs(state_dir_ + "/trees", 0700));
   STRATA_ASSIGN_OR_RETURN(lock_fd_, OpenFile(state_dir_ + "/daemon.lock", O_RDWR | O_CREAT, 0600));
   if (::flock(lock_fd_.get(), LOCK_EX | LOCK_NB) != 0) {
     return Error(EEXIST, StrCat("another lazyfs daemon holds ", state_dir_, "/daemon.lock"));
@@ -94,7 +103,7 @@ Status Daemon::Init() {
   cache_options.fetch_threads = options_.fetch_threads;
   cache_options.max_background = options_.prefetch_threads;
   STRATA_ASSIGN_OR_RETURN(cache_, cache::ChunkCache::Open(cache_options));
-  STRATA_ASSIGN_OR_RETURN(fs_, LayerFs::Mount(state_dir_ + "/fuse"));
+  STRATA_ASSIGN_OR_RETURN(fs_, LayerFs::Mount(state_dir_ + "/fuse", !options_.erofs_directio));
   STRATA_RETURN_IF_ERROR(MakeDirs(Dirname(options_.socket_path)));
   STRATA_ASSIGN_OR_RETURN(server_, HttpServer::ListenUnix(options_.socket_path, 0600,
                                                           [this](const HttpServer::Request& r) { return Handle(r); }));
@@ -107,7 +116,7 @@ Daemon::~Daemon() {
   Stop();
   if (maintainer_.joinable()) maintainer_.join();
   std::map<std::string, BindMount> binds;
-  std::map<Digest128, std::shared_ptr<LayerEntry>> layers;
+  std::map<LayerKey, std::shared_ptr<LayerEntry>> layers;
   {
     std::lock_guard lock(mu_);
     binds.swap(binds_);
@@ -117,9 +126,9 @@ Daemon::~Daemon() {
     Status s = bind.mount.Unmount();
     if (!s.ok()) STRATA_LOG(kWarn) << "lazyfs: " << s.ToString();
   }
-  for (auto& [digest, entry] : layers) {
+  for (auto& [key, entry] : layers) {
     std::lock_guard lock(entry->mu);
-    Unload(*entry, digest);
+    Unload(*entry, key);
   }
   fs_.reset();
 }
@@ -149,21 +158,33 @@ Result<std::shared_ptr<cache::Catalog>> Daemon::CatalogFor(const std::string& st
   return catalogs_.emplace(url, catalog).first->second;
 }
 
-Status Daemon::Load(LayerEntry& entry, const Digest128& digest) {
+Status Daemon::Load(LayerEntry& entry, const LayerKey& key) {
+  const auto& [digest, mode] = key;
   STRATA_ASSIGN_OR_RETURN(cache::Manifest manifest, entry.catalog->GetManifest(digest));
   auto layer = std::make_shared<ServedLayer>(digest, std::move(manifest), entry.catalog->shared_store(), *cache_);
   STRATA_RETURN_IF_ERROR(layer->Load());
-  fs_->Add(layer);
-  entry.path = StrCat(state_dir_, "/layers/", digest.Hex());
-  Status s = MakeDirs(entry.path, 0755);
-  auto mount = s.ok() ? MountPoint::Mount(fs_->MetaPath(digest), entry.path, "erofs", MS_RDONLY,
-                                          "device=" + fs_->BlobPath(digest))
-                      : Result<MountPoint>(s);
-  if (!mount.ok()) {
-    fs_->Remove(digest);
-    return mount.status().Annotate(StrCat("mount layer ", digest.Hex()));
+  if (mode == MountMode::kFuse) {
+    entry.path = StrCat(state_dir_, "/trees/", digest.Hex());
+    auto tree = TreeFs::Mount(layer, entry.path);
+    if (!tree.ok()) {
+      ::rmdir(entry.path.c_str());
+      return tree.status();
+    }
+    entry.tree = std::move(*tree);
+  } else {
+    fs_->Add(layer);
+    entry.path = StrCat(state_dir_, "/layers/", digest.Hex());
+    Status s = MakeDirs(entry.path, 0755);
+    std::string data = "device=" + fs_->BlobPath(digest);
+    if (options_.erofs_directio) data += ",directio";
+    auto mount = s.ok() ? MountPoint::Mount(fs_->MetaPath(digest), entry.path, "erofs", MS_RDONLY, data)
+                        : Result<MountPoint>(s);
+    if (!mount.ok()) {
+      fs_->Remove(digest);
+      return mount.status().Annotate(StrCat("mount layer ", digest.Hex()));
+    }
+    entry.erofs = std::move(*mount);
   }
-  entry.erofs = std::move(*mount);
   entry.layer = layer;
   // Prefetch what earlier runs read, in their order, in the background.
   auto access = entry.catalog->GetAccessList(digest);
@@ -176,7 +197,8 @@ Status Daemon::Load(LayerEntry& entry, const Digest128& digest) {
       {options_.node.empty() ? HostName() : options_.node, digest,
        static_cast<int64_t>(::time(nullptr)) + std::chrono::duration_cast<std::chrono::seconds>(options_.lease_ttl).count()});
   if (!lease.ok()) STRATA_LOG(kWarn) << "lazyfs: lease on layer " << digest.Hex() << ": " << lease.ToString();
-  STRATA_LOG(kInfo) << "lazyfs: mounted layer " << digest.Hex() << " at " << entry.path;
+  STRATA_LOG(kInfo) << "lazyfs: mounted layer " << digest.Hex() << " (" << MountModeName(mode) << " mode) at "
+                    << entry.path;
   return OkStatus();
 }
 
@@ -200,33 +222,53 @@ Result<std::string> Daemon::IdmappedView(LayerEntry& entry, const Digest128& dig
   return entry.idmapped.emplace(key, std::move(*mount)).first->second.target();
 }
 
-void Daemon::Unload(LayerEntry& entry, const Digest128& digest) {
+void Daemon::Unload(LayerEntry& entry, const LayerKey& key) {
+  const auto& [digest, mode] = key;
   if (!entry.layer) return;
-  for (auto& [key, mount] : entry.idmapped) {
+  for (auto& [k, mount] : entry.idmapped) {
     std::string target = mount.target();
     Status s = mount.Unmount();
     if (!s.ok()) STRATA_LOG(kWarn) << "lazyfs: " << s.ToString();
     ::rmdir(target.c_str());
   }
   entry.idmapped.clear();
-  Status s = entry.erofs.Unmount();
-  if (!s.ok()) STRATA_LOG(kWarn) << "lazyfs: " << s.ToString();
+  if (mode == MountMode::kFuse) {
+    entry.tree.reset();
+  } else {
+    Status s = entry.erofs.Unmount();
+    if (!s.ok()) STRATA_LOG(kWarn) << "lazyfs: " << s.ToString();
+    fs_->Remove(digest);
+  }
   ::rmdir(entry.path.c_str());
-  fs_->Remove(digest);
-  Status lease = entry.catalog->DropLease(options_.node.empty() ? HostName() : options_.node, digest);
-  if (!lease.ok()) STRATA_LOG(kWarn) << "lazyfs: drop lease on layer " << digest.Hex() << ": " << lease.ToString();
+  // The lease covers the digest: keep it while the other mode serves it.
+  bool other_mode_loaded = false;
+  {
+    std::lock_guard lock(mu_);
+    auto other = layers_.find({digest, mode == MountMode::kFuse ? MountMode::kKernel : MountMode::kFuse});
+    other_mode_loaded = other != layers_.end();
+  }
+  if (!other_mode_loaded) {
+    Status lease = entry.catalog->DropLease(options_.node.empty() ? HostName() : options_.node, digest);
+    if (!lease.ok()) STRATA_LOG(kWarn) << "lazyfs: drop lease on layer " << digest.Hex() << ": " << lease.ToString();
+  }
   entry.layer.reset();
-  STRATA_LOG(kInfo) << "lazyfs: unmounted layer " << digest.Hex();
+  STRATA_LOG(kInfo) << "lazyfs: unmounted layer " << digest.Hex() << " (" << MountModeName(mode) << " mode)";
 }
 
 Result<Daemon::LayerHandle> Daemon::Acquire(std::string_view ref, const std::string& store_url,
-                                            const std::string& holder, const std::optional<IdMapping>& idmap) {
+                                            const std::string& holder, const std::optional<IdMapping>& idmap,
+                                            MountMode mode) {
+  if (idmap && mode == MountMode::kFuse) {
+    return Error(ENOTSUP, StrCat("layer ", Quote(ref), ": idmapped views need kernel mode (libfuse 3.14 cannot "
+                                 "allow idmapped FUSE mounts)"));
+  }
   STRATA_ASSIGN_OR_RETURN(auto catalog, CatalogFor(store_url));
   STRATA_ASSIGN_OR_RETURN(Digest128 digest, catalog->Resolve(ref));
+  const LayerKey key{digest, mode};
   std::shared_ptr<LayerEntry> entry;
   {
     std::lock_guard lock(mu_);
-    auto& slot = layers_[digest];
+    auto& slot = layers_[key];
     if (!slot) {
       slot = std::make_shared<LayerEntry>();
       slot->catalog = catalog;
@@ -236,11 +278,11 @@ Result<Daemon::LayerHandle> Daemon::Acquire(std::string_view ref, const std::str
   }
   std::lock_guard load_lock(entry->mu);
   if (!entry->layer) {
-    Status s = Load(*entry, digest);
+    Status s = Load(*entry, key);
     if (!s.ok()) {
       std::lock_guard lock(mu_);
       entry->holders.erase(holder);
-      if (entry->holders.empty() && layers_[digest] == entry) layers_.erase(digest);
+      if (entry->holders.empty() && layers_[key] == entry) layers_.erase(key);
       return s;
     }
   }
@@ -250,23 +292,24 @@ Result<Daemon::LayerHandle> Daemon::Acquire(std::string_view ref, const std::str
       Release(digest, holder).IgnoreError();
       return path.status();
     }
-    return LayerHandle{digest, *path};
+    return LayerHandle{digest, *path, mode};
   }
-  return LayerHandle{digest, entry->path};
+  return LayerHandle{digest, entry->path, mode};
 }
 
 Status Daemon::Release(const Digest128& digest, const std::string& holder) {
   std::lock_guard lock(mu_);
-  auto it = layers_.find(digest);
-  if (it == layers_.end() || !it->second->holders.erase(holder)) {
-    return Error(ENOENT, StrCat("layer ", digest.Hex(), " is not held by ", Quote(holder)));
+  for (MountMode mode : {MountMode::kKernel, MountMode::kFuse}) {
+    auto it = layers_.find({digest, mode});
+    if (it == layers_.end() || !it->second->holders.erase(holder)) continue;
+    if (it->second->holders.empty()) it->second->unused_since = std::chrono::steady_clock::now();
+    return OkStatus();
   }
-  if (it->second->holders.empty()) it->second->unused_since = std::chrono::steady_clock::now();
-  return OkStatus();
+  return Error(ENOENT, StrCat("layer ", digest.Hex(), " is not held by ", Quote(holder)));
 }
 
 Result<Daemon::LayerHandle> Daemon::MountAt(std::string_view ref, const std::string& store_url,
-                                            const std::string& mountpoint, bool record) {
+                                            const std::string& mountpoint, bool record, MountMode mode) {
   if (mountpoint.empty() || mountpoint[0] != '/') {
     return Error(EINVAL, StrCat("mount point ", Quote(mountpoint), ": must be an absolute path"));
   }
@@ -275,7 +318,7 @@ Result<Daemon::LayerHandle> Daemon::MountAt(std::string_view ref, const std::str
     if (binds_.count(mountpoint)) return Error(EBUSY, StrCat(mountpoint, ": a lazyfs layer is already mounted there"));
   }
   const std::string holder = "mount:" + mountpoint;
-  STRATA_ASSIGN_OR_RETURN(LayerHandle handle, Acquire(ref, store_url, holder));
+  STRATA_ASSIGN_OR_RETURN(LayerHandle handle, Acquire(ref, store_url, holder, std::nullopt, mode));
   Status s = MakeDirs(mountpoint);
   auto bind = s.ok() ? MountPoint::Mount(handle.path, mountpoint, "", MS_BIND, "") : Result<MountPoint>(s);
   if (!bind.ok()) {
@@ -283,7 +326,7 @@ Result<Daemon::LayerHandle> Daemon::MountAt(std::string_view ref, const std::str
     return bind.status();
   }
   std::lock_guard lock(mu_);
-  binds_[mountpoint] = BindMount{handle.digest, std::move(*bind), record};
+  binds_[mountpoint] = BindMount{{handle.digest, mode}, std::move(*bind), record};
   return handle;
 }
 
@@ -296,7 +339,7 @@ Status Daemon::UnmountAt(const std::string& mountpoint) {
     if (it != binds_.end()) {
       bind.emplace(std::move(it->second));
       binds_.erase(it);
-      if (auto l = layers_.find(bind->digest); l != layers_.end()) entry = l->second;
+      if (auto l = layers_.find(bind->key); l != layers_.end()) entry = l->second;
     }
   }
   if (!bind) {
@@ -312,24 +355,25 @@ Status Daemon::UnmountAt(const std::string& mountpoint) {
       layer = entry->layer;
     }
     if (layer) {
-      Status put = entry->catalog->PutAccessList(bind->digest, layer->AccessOrder());
-      if (!put.ok()) s = put.Annotate(StrCat("record access list of layer ", bind->digest.Hex()));
+      Status put = entry->catalog->PutAccessList(bind->key.first, layer->AccessOrder());
+      if (!put.ok()) s = put.Annotate(StrCat("record access list of layer ", bind->key.first.Hex()));
     }
   }
-  Release(bind->digest, "mount:" + mountpoint).IgnoreError();
+  Release(bind->key.first, "mount:" + mountpoint).IgnoreError();
   return s;
 }
 
 json Daemon::Stats(const std::string& mountpoint_filter) {
   json layers = json::array();
-  std::vector<std::pair<Digest128, std::shared_ptr<LayerEntry>>> entries;
-  std::map<Digest128, std::vector<std::string>> mounts;
+  std::vector<std::pair<LayerKey, std::shared_ptr<LayerEntry>>> entries;
+  std::map<LayerKey, std::vector<std::string>> mounts;
   {
     std::lock_guard lock(mu_);
-    for (const auto& [d, e] : layers_) entries.emplace_back(d, e);
-    for (const auto& [mp, b] : binds_) mounts[b.digest].push_back(mp);
+    for (const auto& [k, e] : layers_) entries.emplace_back(k, e);
+    for (const auto& [mp, b] : binds_) mounts[b.key].push_back(mp);
   }
-  for (const auto& [digest, entry] : entries) {
+  for (const auto& [key, entry] : entries) {
+    const Digest128& digest = key.first;
     std::shared_ptr<ServedLayer> layer;
     std::set<std::string> holders;
     {
@@ -342,10 +386,11 @@ json Daemon::Stats(const std::string& mountpoint_filter) {
       layer = entry->layer;
     }
     if (!layer) continue;
-    const auto& mps = mounts[digest];
+    const auto& mps = mounts[key];
     if (!mountpoint_filter.empty() && std::find(mps.begin(), mps.end(), mountpoint_filter) == mps.end()) continue;
     json j = StatsJson(layer->Stats());
     j["digest"] = digest.Hex();
+    j["mode"] = MountModeName(key.second);
     j["name"] = layer->manifest().name;
     j["kind"] = cache::LayerKindName(layer->manifest().kind);
     j["path"] = entry->path;
@@ -379,7 +424,7 @@ void Daemon::Maintain() {
     if (stopping_) break;
     stop_lock.unlock();
     const auto now = std::chrono::steady_clock::now();
-    std::vector<std::pair<Digest128, std::shared_ptr<LayerEntry>>> idle, all;
+    std::vector<std::pair<LayerKey, std::shared_ptr<LayerEntry>>> idle, all;
     {
       std::lock_guard lock(mu_);
       for (const auto& [d, e] : layers_) {
@@ -387,22 +432,23 @@ void Daemon::Maintain() {
         if (e->holders.empty() && now - e->unused_since >= options_.grace) idle.emplace_back(d, e);
       }
     }
-    for (auto& [digest, entry] : idle) {
+    for (auto& [key, entry] : idle) {
       std::lock_guard load_lock(entry->mu);
       {
         std::lock_guard lock(mu_);
-        if (!entry->holders.empty() || layers_[digest] != entry) continue;  // taken again meanwhile
-        layers_.erase(digest);
+        if (!entry->holders.empty() || layers_[key] != entry) continue;  // taken again meanwhile
+        layers_.erase(key);
       }
-      Unload(*entry, digest);
+      Unload(*entry, key);
     }
     if (now >= next_lease) {
       next_lease = now + lease_every;
       const int64_t expires = static_cast<int64_t>(::time(nullptr)) +
                               std::chrono::duration_cast<std::chrono::seconds>(options_.lease_ttl).count();
-      for (auto& [digest, entry] : all) {
+      for (auto& [key, entry] : all) {
         std::unique_lock load_lock(entry->mu, std::try_to_lock);
         if (!load_lock.owns_lock() || !entry->layer) continue;
+        const Digest128& digest = key.first;
         Status s = entry->catalog->PutLease({options_.node.empty() ? HostName() : options_.node, digest, expires});
         if (!s.ok()) STRATA_LOG(kWarn) << "lazyfs: renew lease on layer " << digest.Hex() << ": " << s.ToString();
       }
@@ -435,9 +481,14 @@ HttpServer::Response Daemon::Handle(const HttpServer::Request& request) {
     return reply(Stats(it == request.query.end() ? "" : it->second));
   }
   if (request.method == "POST" && request.path == "/v1/mount") {
-    auto h = MountAt(str("ref"), str("store"), str("mountpoint"), j.value("record", false));
+    auto mode = ParseMountMode(str("mode"));
+    if (!mode.ok()) return HttpServer::ErrorResponse(mode.status());
+    auto h = MountAt(str("ref"), str("store"), str("mountpoint"), j.value("record", false), *mode);
     if (!h.ok()) return HttpServer::ErrorResponse(h.status());
-    return reply(json{{"digest", h->digest.Hex()}, {"path", h->path}, {"mountpoint", str("mountpoint")}});
+    return reply(json{{"digest", h->digest.Hex()},
+                      {"path", h->path},
+                      {"mountpoint", str("mountpoint")},
+                      {"mode", MountModeName(h->mode)}});
   }
   if (request.method == "POST" && request.path == "/v1/umount") {
     Status s = UnmountAt(str("mountpoint"));
@@ -453,6 +504,8 @@ HttpServer::Response Daemon::Handle(const HttpServer::Request& request) {
       if (!m.ok()) return HttpServer::ErrorResponse(m.status());
       idmap = *m;
     }
+    auto mode = ParseMountMode(str("mode"));
+    if (!mode.ok()) return HttpServer::ErrorResponse(mode.status());
     std::vector<std::string> refs;
     if (j.contains("refs") && j["refs"].is_array()) {
       for (const auto& r : j["refs"]) refs.push_back(r.is_string() ? r.get<std::string>() : "");
@@ -462,13 +515,13 @@ HttpServer::Response Daemon::Handle(const HttpServer::Request& request) {
     json layers = json::array();
     std::vector<Digest128> taken;
     for (const auto& ref : refs) {
-      auto h = Acquire(ref, str("store"), str("holder"), idmap);
+      auto h = Acquire(ref, str("store"), str("holder"), idmap, *mode);
       if (!h.ok()) {
         for (const auto& d : taken) Release(d, str("holder")).IgnoreError();
         return HttpServer::ErrorResponse(h.status());
       }
       taken.push_back(h->digest);
-      layers.push_back({{"digest", h->digest.Hex()}, {"path", h->path}});
+      layers.push_back({{"digest", h->digest.Hex()}, {"path", h->path}, {"mode", MountModeName(h->mode)}});
     }
     json answer = layers.size() == 1 ? layers[0] : json::object();
     answer["layers"] = layers;

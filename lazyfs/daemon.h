@@ -1,10 +1,15 @@
-// The lazyfs node daemon: serves layers lazily through the kernel's EROFS,
-// one mount per layer for the whole node, shared by every user.
+// The lazyfs node daemon: serves layers lazily, one mount per layer and mode
+// for the whole node, shared by every user. Kernel mode (the default): the
+// kernel's EROFS reads the layer's metadata image and blob from LayerFs.
+// Fuse mode: TreeFs serves the tree itself with strata's EROFS reader, for
+// hosts whose kernel cannot mount EROFS from a file. Both read through the
+// one chunk cache, with the same stats, access recording and prefetch.
 //
 // State directory (beside the socket: /run/strata/lazyfs.sock ->
 // /run/strata/lazyfs.d):
 //   fuse/             the LayerFs FUSE mount (<digest>.meta, <digest>.blob)
 //   layers/<digest>   the layer's EROFS mount (file-backed, over fuse/)
+//   trees/<digest>    the layer's TreeFs mount (fuse mode)
 //   daemon.lock       flock held by the running daemon
 //   lazyfs.log        the daemon's log when it runs in the background
 #pragma once
@@ -29,6 +34,7 @@
 #include "common/mount.h"
 #include "common/unique_fd.h"
 #include "lazyfs/layer_fs.h"
+#include "lazyfs/tree_fs.h"
 
 namespace strata::lazyfs {
 
@@ -37,6 +43,13 @@ inline constexpr const char* kDefaultCacheDir = "/var/lib/strata/cache";
 
 // "/run/strata/lazyfs.sock" -> "/run/strata/lazyfs.d".
 std::string StateDirFor(const std::string& socket_path);
+
+// How a layer's tree reaches the kernel (see above).
+enum class MountMode { kKernel, kFuse };
+// "kernel", "fuse".
+std::string_view MountModeName(MountMode mode);
+// Accepts the names above; "" is kernel mode.
+Result<MountMode> ParseMountMode(std::string_view name);
 
 struct DaemonOptions {
   std::string socket_path = kDefaultSocket;
@@ -50,6 +63,10 @@ struct DaemonOptions {
   Duration grace = std::chrono::seconds(30);
   std::string node;  // lease owner; default: the host name
   Duration lease_ttl = std::chrono::hours(1);
+  // Kernel mode: how blob pages are kept out of a second page cache. false:
+  // LayerFs opens the blob with FOPEN_DIRECT_IO; true: EROFS is mounted with
+  // `directio` and reads the blob with direct I/O itself.
+  bool erofs_directio = false;
   // How store URLs become stores; tests put failing stores behind it.
   std::function<Result<std::shared_ptr<cache::ObjectStore>>(std::string_view url)> open_store = cache::OpenStore;
 };
@@ -69,33 +86,40 @@ class Daemon {
   // The API, callable directly (tests) or through the socket.
   struct LayerHandle {
     Digest128 digest;
-    std::string path;  // the shared, read-only EROFS mount
+    std::string path;  // the shared, read-only mount (EROFS, or TreeFs in fuse mode)
+    MountMode mode = MountMode::kKernel;
   };
-  // Mounts the layer for `holder` (if not mounted yet) and returns its path;
-  // with `idmap`, the path of an idmapped view of the same mount (made once
-  // per layer and mapping, for sandboxes in user namespaces).
+  // Mounts the layer in `mode` for `holder` (if not mounted so yet) and
+  // returns its path; with `idmap`, the path of an idmapped view of the same
+  // mount (made once per layer and mapping, for sandboxes in user
+  // namespaces; kernel mode only: libfuse 3.14 cannot allow idmapped FUSE
+  // mounts). One layer may be mounted in both modes at once.
   Result<LayerHandle> Acquire(std::string_view ref, const std::string& store_url, const std::string& holder,
-                              const std::optional<IdMapping>& idmap = std::nullopt);
+                              const std::optional<IdMapping>& idmap = std::nullopt,
+                              MountMode mode = MountMode::kKernel);
+  // Drops `holder`'s hold on the layer (in whichever mode it holds it).
   Status Release(const Digest128& digest, const std::string& holder);
   // Acquire + a bind mount of the layer at `mountpoint`.
   Result<LayerHandle> MountAt(std::string_view ref, const std::string& store_url, const std::string& mountpoint,
-                              bool record);
+                              bool record, MountMode mode = MountMode::kKernel);
   Status UnmountAt(const std::string& mountpoint);
   nlohmann::json Stats(const std::string& mountpoint_filter);
 
  private:
+  using LayerKey = std::pair<Digest128, MountMode>;
   struct LayerEntry {
     std::mutex mu;  // held while loading or unloading
     std::shared_ptr<ServedLayer> layer;
     std::shared_ptr<cache::Catalog> catalog;
-    MountPoint erofs;
+    MountPoint erofs;              // kernel mode
+    std::unique_ptr<TreeFs> tree;  // fuse mode
     std::string path;
     std::map<std::string, MountPoint> idmapped;  // by IdMapping::ToString()
     std::set<std::string> holders;  // guarded by Daemon::mu_
     std::chrono::steady_clock::time_point unused_since;  // guarded by Daemon::mu_
   };
   struct BindMount {
-    Digest128 digest;
+    LayerKey key;
     MountPoint mount;
     bool record = false;
   };
@@ -104,9 +128,9 @@ class Daemon {
   Status Init();
   HttpServer::Response Handle(const HttpServer::Request& request);
   Result<std::shared_ptr<cache::Catalog>> CatalogFor(const std::string& store_url);
-  Status Load(LayerEntry& entry, const Digest128& digest);
+  Status Load(LayerEntry& entry, const LayerKey& key);
   Result<std::string> IdmappedView(LayerEntry& entry, const Digest128& digest, const IdMapping& idmap);
-  void Unload(LayerEntry& entry, const Digest128& digest);
+  void Unload(LayerEntry& entry, const LayerKey& key);
   void Maintain();
 
   const DaemonOptions options_;
@@ -116,7 +140,7 @@ class Daemon {
   std::unique_ptr<LayerFs> fs_;
 
   std::mutex mu_;  // guards the maps and holders; never held across I/O
-  std::map<Digest128, std::shared_ptr<LayerEntry>> layers_;
+  std::map<LayerKey, std::shared_ptr<LayerEntry>> layers_;
   std::map<std::string, std::shared_ptr<cache::Catalog>> catalogs_;  // by store URL
   std::map<std::string, BindMount> binds_;                            // by mountpoint
   std::map<std::string, std::shared_ptr<UniqueFd>> userns_;          // by IdMapping::ToString()

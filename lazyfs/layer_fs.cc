@@ -3,7 +3,6 @@
 #include "lazyfs/layer_fs.h"
 
 #include <fuse_lowlevel.h>
-#include <sys/mount.h>
 #include <sys/stat.h>
 
 #include <cerrno>
@@ -99,9 +98,10 @@ void OpOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
       return;
     }
     // The blob's pages are cached by EROFS above us; caching them here too
-    // would hold every byte twice. The metadata image is read through this
-    // page cache by EROFS itself, so it keeps it.
-    fi->direct_io = node->blob ? 1 : 0;
+    // would hold every byte twice. Either FUSE reads the blob direct, or
+    // EROFS mounted with `directio` asks for direct reads itself. The
+    // metadata image is read through this page cache by EROFS, so it keeps it.
+    fi->direct_io = node->blob && Fs(req)->blob_direct_io() ? 1 : 0;
     fi->keep_cache = node->blob ? 0 : 1;
     fuse_reply_open(req, fi);
   });
@@ -188,44 +188,17 @@ const fuse_lowlevel_ops kOps = [] {
 
 }  // namespace
 
-Result<std::unique_ptr<LayerFs>> LayerFs::Mount(const std::string& mountpoint) {
-  STRATA_RETURN_IF_ERROR(MakeDirs(mountpoint));
+Result<std::unique_ptr<LayerFs>> LayerFs::Mount(const std::string& mountpoint, bool blob_direct_io) {
   std::unique_ptr<LayerFs> fs(new LayerFs());
   fs->mountpoint_ = mountpoint;
-  std::vector<std::string> argv_storage = {"lazyfs", "-o", "fsname=lazyfs,subtype=strata,default_permissions"};
-  std::vector<char*> argv;
-  for (auto& a : argv_storage) argv.push_back(a.data());
-  fuse_args args = FUSE_ARGS_INIT(static_cast<int>(argv.size()), argv.data());
-  fs->session_ = fuse_session_new(&args, &kOps, sizeof kOps, fs.get());
-  if (!fs->session_) return Error(EIO, StrCat("start FUSE session for ", mountpoint));
-  if (fuse_session_mount(fs->session_, mountpoint.c_str()) != 0) {
-    fuse_session_destroy(fs->session_);
-    fs->session_ = nullptr;
-    return Error(EIO, StrCat("mount FUSE at ", mountpoint, " (is /dev/fuse there and the fuse module loaded?)"));
-  }
-  fuse_session* se = fs->session_;
-  fs->loop_ = std::thread([se] {
-    fuse_loop_config* config = fuse_loop_cfg_create();
-    fuse_loop_cfg_set_max_threads(config, 64);
-    fuse_loop_cfg_set_idle_threads(config, 8);
-    fuse_session_loop_mt(se, config);
-    fuse_loop_cfg_destroy(config);
-  });
+  fs->blob_direct_io_ = blob_direct_io;
+  FuseMountOptions options;
+  options.options = {"fsname=lazyfs", "subtype=strata", "default_permissions"};
+  STRATA_ASSIGN_OR_RETURN(fs->fuse_, FuseMount::Start(mountpoint, kOps, fs.get(), options));
   return fs;
 }
 
-LayerFs::~LayerFs() {
-  if (!session_) return;
-  fuse_session_exit(session_);
-  // Unmounting ends the loop's reads of /dev/fuse. MNT_DETACH: an EROFS
-  // mount that still holds a file here must not keep us from going.
-  if (::umount2(mountpoint_.c_str(), MNT_DETACH) != 0 && errno != EINVAL) {
-    STRATA_LOG(kWarn) << "lazyfs: unmount " << mountpoint_ << ": " << std::strerror(errno);
-  }
-  fuse_session_unmount(session_);
-  if (loop_.joinable()) loop_.join();
-  fuse_session_destroy(session_);
-}
+LayerFs::~LayerFs() { fuse_.reset(); }
 
 void LayerFs::Add(std::shared_ptr<ServedLayer> layer) {
   std::lock_guard lock(mu_);

@@ -1,27 +1,28 @@
 // LayerFs: the FUSE filesystem through which the kernel's EROFS driver reads
 // layers. It holds two read-only files per layer, "<digest>.meta" (the
 // metadata image) and "<digest>.blob" (the data blob, opened with
-// FOPEN_DIRECT_IO so its pages are cached once, by EROFS, not also by FUSE).
+// FOPEN_DIRECT_IO by default so its pages are cached once, by EROFS, not
+// also by FUSE; with `erofs_directio` EROFS reads it with direct I/O instead
+// and the flag is left off).
 #pragma once
 
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
-#include <thread>
 
+#include "lazyfs/fuse_mount.h"
 #include "lazyfs/served_layer.h"
-
-struct fuse_session;
 
 namespace strata::lazyfs {
 
 class LayerFs {
  public:
   // Mounts at `mountpoint` (created if missing) and serves on a
-  // multi-threaded libfuse loop (low-level API).
-  static Result<std::unique_ptr<LayerFs>> Mount(const std::string& mountpoint);
-  // Unmounts (lazily if a file is still open) and joins the loop.
+  // multi-threaded libfuse loop (low-level API). `blob_direct_io`: open
+  // the blobs with FOPEN_DIRECT_IO (see above).
+  static Result<std::unique_ptr<LayerFs>> Mount(const std::string& mountpoint, bool blob_direct_io = true);
+  // Unmounts (see ~FuseMount) and joins the loop.
   ~LayerFs();
   LayerFs(const LayerFs&) = delete;
   LayerFs& operator=(const LayerFs&) = delete;
@@ -34,6 +35,7 @@ class LayerFs {
   std::string MetaPath(const Digest128& digest) const;
   std::string BlobPath(const Digest128& digest) const;
   const std::string& mountpoint() const { return mountpoint_; }
+  bool blob_direct_io() const { return blob_direct_io_; }
 
   // The FUSE operations call these (from libfuse's threads).
   struct Node {
@@ -54,12 +56,12 @@ class LayerFs {
   LayerFs() = default;
 
   std::string mountpoint_;
-  fuse_session* session_ = nullptr;
-  std::thread loop_;
+  bool blob_direct_io_ = true;
   std::mutex mu_;
   uint64_t next_ino_ = 2;  // 1 is the root; numbers are never reused
   std::map<std::string, std::shared_ptr<Node>> by_name_;
   std::map<uint64_t, std::shared_ptr<Node>> by_ino_;
+  std::unique_ptr<FuseMount> fuse_;  // last, so first to go: its loop calls into the members above
 };
 
 }  // namespace strata::lazyfs

@@ -107,8 +107,9 @@ void PrintStats(const json& stats) {
               static_cast<unsigned long long>(stats["cache"]["fetches"].get<uint64_t>()),
               static_cast<unsigned long long>(stats["cache"]["fetch_errors"].get<uint64_t>()));
   for (const auto& l : stats["layers"]) {
-    std::printf("layer %s (%s %s)\n", l["digest"].get<std::string>().c_str(), l["kind"].get<std::string>().c_str(),
-                l["name"].get<std::string>().c_str());
+    std::printf("layer %s (%s %s, %s mode)\n", l["digest"].get<std::string>().c_str(),
+                l["kind"].get<std::string>().c_str(), l["name"].get<std::string>().c_str(),
+                l.value("mode", "kernel").c_str());
     for (const auto& mp : l["mountpoints"]) std::printf("  mounted at      %s\n", mp.get<std::string>().c_str());
     std::printf("  image           %s (metadata %s)\n", FormatBytes(l["image_bytes"].get<uint64_t>()).c_str(),
                 FormatBytes(l["meta_bytes"].get<uint64_t>()).c_str());
@@ -125,7 +126,7 @@ void PrintStats(const json& stats) {
 
 int main(int argc, char** argv) {
   SetLogTag("lazyfs");
-  CLI::App app{"lazyfs: serves layers lazily through the kernel's EROFS"};
+  CLI::App app{"lazyfs: serves layers lazily, through the kernel's EROFS or its own FUSE tree"};
   app.require_subcommand(1);
   app.fallthrough();
   std::string socket = EnvOr("STRATA_LAZYFS_SOCKET", lazyfs::kDefaultSocket);
@@ -141,15 +142,20 @@ int main(int argc, char** argv) {
   daemon->add_option("--fetch-timeout", fetch_timeout, "longest a read waits for a chunk")->capture_default_str();
   daemon->add_option("--grace", grace, "how long an unused layer stays mounted")->capture_default_str();
   daemon->add_option("--node", options.node, "node name for leases (default: host name)");
+  daemon->add_flag("--erofs-directio", options.erofs_directio,
+                   "kernel mode: EROFS reads blobs with direct I/O (instead of FUSE direct I/O on the blob files)");
   daemon->add_flag("-f,--foreground", foreground, "stay in the foreground");
 
-  std::string ref, mountpoint, store;
+  std::string ref, mountpoint, store, mode = "kernel";
   bool record = false, as_json = false;
   auto* mount = app.add_subcommand("mount", "mount a layer read-only (starts the daemon on first use)");
   mount->add_option("REF", ref, "NAME:VERSION or digest")->required();
   mount->add_option("MOUNTPOINT", mountpoint, "where the tree appears")->required();
   mount->add_option("--store", store, "store URL (default: $STRATA_STORE, else /var/lib/strata/store)");
   mount->add_flag("--record", record, "record the extents read, in order, as the layer's access list");
+  mount->add_option("--mode", mode, "kernel: the kernel's EROFS; fuse: lazyfs's own EROFS reader over FUSE")
+      ->check(CLI::IsMember({"kernel", "fuse"}))
+      ->capture_default_str();
   mount->add_option("--cache", options.cache_dir, "cache directory, if this starts the daemon");
   mount->add_option("--cache-size", cache_size, "cache size cap, if this starts the daemon");
 
@@ -183,7 +189,11 @@ int main(int argc, char** argv) {
     Status s = lazyfs::EnsureDaemon({socket, options.cache_dir, cache_size});
     if (!s.ok()) return Fail(s);
     auto r = client.Call("POST", "/v1/mount",
-                         {{"ref", ref}, {"store", cache::DefaultStoreUrl(store)}, {"mountpoint", mp}, {"record", record}});
+                         {{"ref", ref},
+                          {"store", cache::DefaultStoreUrl(store)},
+                          {"mountpoint", mp},
+                          {"record", record},
+                          {"mode", mode}});
     if (!r.ok()) return Fail(r.status());
     std::cout << (*r)["digest"].get<std::string>() << "\n";
     return 0;

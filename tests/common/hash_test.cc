@@ -50,5 +50,17 @@ TEST(StringsTest, Helpers) {
   EXPECT_FALSE(Base64Decode("Z=9v").has_value());
 }
 
+TEST(StringsTest, IsUtf8) {
+  EXPECT_TRUE(IsUtf8(""));
+  EXPECT_TRUE(IsUtf8("plain/name.txt"));
+  EXPECT_TRUE(IsUtf8("caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x90\x8d"));  // é € and a snake
+  EXPECT_FALSE(IsUtf8("\xff"));
+  EXPECT_FALSE(IsUtf8("a\xc3"));              // cut short
+  EXPECT_FALSE(IsUtf8("\xc0\xaf"));          // overlong '/'
+  EXPECT_FALSE(IsUtf8("\xed\xa0\x80"));      // a surrogate
+  EXPECT_FALSE(IsUtf8("\xf4\x90\x80\x80"));  // past U+10FFFF
+  EXPECT_FALSE(IsUtf8("\xc3("));
+}
+
 }  // namespace
 }  // namespace strata

@@ -16,6 +16,7 @@
 #include "common/subprocess.h"
 #include "layerctl/builder.h"
 #include "layerctl/gc.h"
+#include "layerctl/inspect.h"
 #include "layerctl/publish.h"
 #include "tests/layerctl/image_check.h"
 #include "tests/testing/faulty_store.h"
@@ -341,6 +342,85 @@ TEST_F(LayerTest, GcKeepsWhatTagsAndLeasesReachAfterTheGracePeriod) {
   ASSERT_OK(CollectGarbage(*catalog_, {.now = now + 200000}).status());
   EXPECT_FALSE(*catalog_->HasManifest(leased.digest));
   EXPECT_TRUE(Verify(*catalog_, keep.digest)->ok());
+}
+
+TEST_F(LayerTest, InspectFilesListsTheTreeThroughTheReaderWithoutMounting) {
+  const std::string src = dir_.Sub("src");
+  ASSERT_OK(MakeDirs(src));
+  ASSERT_OK(testing::MakeRichTree(src));
+  ASSERT_OK_AND_ASSIGN(BuiltLayer layer, Build(src, dir_.Sub("layer"), "rich"));
+  ASSERT_OK(Push(layer, *catalog_, cache::LayerRef{"rich", "1"}).status());
+  ASSERT_OK_AND_ASSIGN(auto want, testing::SnapshotTree(src));
+  store_->ResetCounts();
+  std::map<std::string, FileEntry> got;
+  ASSERT_OK(ListLayerFiles(*catalog_, layer.digest, [&](const FileEntry& f) {
+    got[f.path == "/" ? "." : f.path.substr(1)] = f;
+    return OkStatus();
+  }));
+  // The manifest and the metadata image; not one data chunk.
+  EXPECT_EQ(store_->gets(), 2);
+  ASSERT_EQ(got.size(), want.size());
+  int checked_extents = 0;
+  for (const auto& [rel, w] : want) {
+    SCOPED_TRACE(rel);
+    ASSERT_TRUE(got.count(rel));
+    const FileEntry& f = got[rel];
+    EXPECT_EQ(f.inode.mode, w.mode);
+    EXPECT_EQ(f.inode.uid, w.uid);
+    EXPECT_EQ(f.inode.gid, w.gid);
+    EXPECT_EQ(f.inode.mtime * 1000000000 + f.inode.mtime_nsec, w.mtime_ns);
+    if (S_ISLNK(w.mode)) {
+      EXPECT_EQ(f.link_target, w.link);
+    }
+    if (S_ISCHR(w.mode) || S_ISBLK(w.mode)) {
+      EXPECT_EQ(f.inode.rdev, w.rdev);
+    }
+    if (!S_ISREG(w.mode)) continue;
+    EXPECT_EQ(f.inode.size, w.size);
+    // The extents cover the file, and each stored one is the chunk the
+    // manifest names for those bytes of the source.
+    uint64_t covered = 0;
+    ASSERT_OK_AND_ASSIGN(UniqueFd fd, OpenFile(src + "/" + rel, O_RDONLY));
+    for (const auto& e : f.extents) {
+      EXPECT_EQ(e.file_offset, covered);
+      covered += e.length;
+      if (!e.chunk) continue;
+      std::string bytes(e.length, '\0');
+      ASSERT_OK(PreadFull(fd.get(), bytes, e.file_offset).status());
+      EXPECT_EQ(*e.chunk, HashBytes(bytes));
+      ++checked_extents;
+    }
+    EXPECT_EQ(covered, w.size);
+  }
+  EXPECT_GT(checked_extents, 10);
+
+  // The command line: one line per path, or JSON.
+  const std::string store = "file://" + dir_.Sub("store");
+  ASSERT_OK_AND_ASSIGN(auto text, RunCommand({.argv = {Tool(), "--store", store, "inspect", "rich:1", "--files"}}));
+  ASSERT_EQ(text.exit_code, 0) << text.err;
+  EXPECT_EQ(Split(text.out, '\n').size(), want.size() + 2);  // a header, and the last newline
+  char copy_a[64];
+  std::snprintf(copy_a, sizeof copy_a, "- %04o         0:0      2097152    2 /files/copy-a\n", want["files/copy-a"].mode & 07777);
+  EXPECT_NE(text.out.find(copy_a), std::string::npos) << text.out.substr(0, 2000);
+  EXPECT_NE(text.out.find(" /links/relative -> original\n"), std::string::npos);
+  char dev_null[64];  // its mode is what the umask left of 0666
+  std::snprintf(dev_null, sizeof dev_null, "c %04o         0:0          1,3    0 /dev/null\n", want["dev/null"].mode & 07777);
+  EXPECT_NE(text.out.find(dev_null), std::string::npos) << dev_null;
+  ASSERT_OK_AND_ASSIGN(auto js, RunCommand({.argv = {Tool(), "--store", store, "--json", "inspect", "rich:1", "--files"}}));
+  ASSERT_EQ(js.exit_code, 0) << js.err;
+  auto j = nlohmann::json::parse(js.out);
+  EXPECT_EQ(j["files"].size(), want.size());
+  // A name that is not UTF-8 is given escaped, and exactly in hex.
+  int not_utf8 = 0;
+  for (const auto& file : j["files"]) {
+    if (!file.contains("path_hex")) continue;
+    ++not_utf8;
+    auto bytes = HexDecode(file["path_hex"].get<std::string>());
+    ASSERT_TRUE(bytes.has_value());
+    EXPECT_EQ(file["path"], Quote(std::string(bytes->begin(), bytes->end())));
+    EXPECT_TRUE(got.count(std::string(bytes->begin() + 1, bytes->end())));
+  }
+  EXPECT_EQ(not_utf8, 1);  // names/\xff\xfe binary
 }
 
 TEST_F(LayerTest, CommandLine) {

@@ -1,0 +1,58 @@
+// layerctl inspect --files: a layer's tree from its metadata image.
+#include "layerctl/inspect.h"
+
+#include "common/strings.h"
+
+namespace strata::layerctl {
+
+char FileTypeLetter(erofs::FileType type) {
+  switch (type) {
+    case erofs::FileType::kRegular: return '-';
+    case erofs::FileType::kDirectory: return 'd';
+    case erofs::FileType::kSymlink: return 'l';
+    case erofs::FileType::kCharDevice: return 'c';
+    case erofs::FileType::kBlockDevice: return 'b';
+    case erofs::FileType::kFifo: return 'p';
+    case erofs::FileType::kSocket: return 's';
+  }
+  return '?';
+}
+
+Status ListLayerFiles(const cache::Catalog& catalog, const Digest128& digest,
+                      const std::function<Status(const FileEntry&)>& visit) {
+  const std::string what = StrCat("list files of layer ", digest.Hex());
+  auto manifest = catalog.GetManifest(digest);
+  if (!manifest.ok()) return manifest.status().Annotate(what);
+  auto meta = catalog.store().Get(cache::ChunkKey(manifest->meta_hash));
+  if (!meta.ok()) return meta.status().Annotate(StrCat(what, ": fetch metadata image ", manifest->meta_hash.Hex()));
+  if (meta->size() != manifest->meta_size || HashBytes(*meta) != manifest->meta_hash) {
+    return Error(EBADMSG, StrCat(what, ": metadata image ", manifest->meta_hash.Hex(), " in ", catalog.store().url(),
+                                 " is corrupt (", meta->size(), " bytes, expected ", manifest->meta_size,
+                                 " hashing to its name)"));
+  }
+  // Metadata only: MapFile works, data reads are never made.
+  auto image = erofs::Image::Open(erofs::MemorySource(std::move(*meta)));
+  if (!image.ok()) return image.status().Annotate(what);
+  Status s = (*image)->Walk([&](const std::string& path, const erofs::Inode& inode) -> Status {
+    FileEntry entry;
+    entry.path = path;
+    entry.inode = inode;
+    if (inode.type == erofs::FileType::kSymlink) {
+      STRATA_ASSIGN_OR_RETURN(entry.link_target, (*image)->ReadLink(inode));
+    } else if (inode.type == erofs::FileType::kRegular) {
+      STRATA_ASSIGN_OR_RETURN(auto extents, (*image)->MapFile(inode));
+      for (const auto& e : extents) {
+        FileExtent fe{e.file_offset, e.length, e.hole, !e.hole && e.device == 0, 0, std::nullopt};
+        if (!e.hole && e.device != 0) {
+          fe.blob_offset = e.physical;
+          if (const cache::Extent* m = manifest->FindExtent(e.physical)) fe.chunk = m->hash;
+        }
+        entry.extents.push_back(fe);
+      }
+    }
+    return visit(entry);
+  });
+  return s.ok() ? s : s.Annotate(what);
+}
+
+}  // namespace strata::layerctl

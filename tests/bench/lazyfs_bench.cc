@@ -1,0 +1,479 @@
+// scripts/bench lazyfs [ROOTFS]: a real root filesystem layer read through
+// lazyfs, in kernel mode (the kernel's EROFS over lazyfs's FUSE blob) and in
+// fuse mode (lazyfs's own EROFS reader), against the same EROFS image
+// mounted by the kernel straight from local files, all in one run.
+//
+// The layer (scripts/bench-rootfs: Debian minbase with python3, ~330 MB) is
+// built and pushed to a file:// store on local disk. "Cold" means a fresh
+// lazyfs daemon with an empty chunk cache, the store's chunk files dropped
+// from the page cache, and a fresh mount (a fresh EROFS or FUSE page
+// cache); for the local image, its two files dropped from the page cache
+// and a fresh mount. Only this run's files are dropped (posix_fadvise), never
+// the machine's whole page cache. Every mount and daemon this run makes is
+// undone before it exits, on errors too.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <optional>
+#include <random>
+#include <stdexcept>
+
+#include "cache/catalog.h"
+#include "common/fs.h"
+#include "common/mount.h"
+#include "common/strings.h"
+#include "common/subprocess.h"
+#include "layerctl/builder.h"
+#include "layerctl/publish.h"
+#include "lazyfs/client.h"
+#include "lazyfs/daemon.h"
+#include "tests/bench/bench_util.h"
+
+namespace strata::bench {
+namespace {
+
+using nlohmann::json;
+
+// Errors unwind to main, so every MountPoint and Subprocess undoes itself.
+void Check(const Status& s) {
+  if (!s.ok()) throw std::runtime_error(s.ToString());
+}
+template <typename T>
+T Check(Result<T> r) {
+  Check(r.status());
+  return std::move(r).value();
+}
+
+constexpr const char* kPython = "import json, email, http.client, sqlite3";
+constexpr size_t kRandomReads = 1000;
+constexpr size_t kRandomReadSize = 4096;
+constexpr int kWarmRounds = 5;
+
+std::string SelfDir() {
+  char buf[4096];
+  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
+  buf[n > 0 ? n : 0] = '\0';
+  return Dirname(buf);
+}
+
+struct SourceFile {
+  std::string rel;
+  uint64_t size;
+};
+
+// Regular files of the tree in the order a walk of the mounted image meets
+// them (EROFS lists names sorted; the blob holds the files in that order).
+std::vector<SourceFile> ListFiles(const std::string& root) {
+  std::vector<SourceFile> out;
+  namespace fs = std::filesystem;
+  for (auto it = fs::recursive_directory_iterator(root, fs::directory_options::skip_permission_denied);
+       it != fs::recursive_directory_iterator(); ++it) {
+    if (it->is_symlink() || !it->is_regular_file()) continue;
+    out.push_back({fs::relative(it->path(), root).string(), it->file_size()});
+  }
+  return out;
+}
+
+// 4 KiB reads at offsets drawn uniformly over the tree's bytes (so big
+// files get most of them), aligned to 4 KiB; fixed seed.
+std::vector<std::pair<size_t, uint64_t>> RandomPicks(const std::vector<SourceFile>& files) {
+  std::vector<uint64_t> ends;
+  uint64_t total = 0;
+  for (const auto& f : files) ends.push_back(total += f.size);
+  std::mt19937_64 rng(42);
+  std::vector<std::pair<size_t, uint64_t>> picks;
+  while (picks.size() < kRandomReads) {
+    uint64_t at = rng() % total;
+    size_t i = std::upper_bound(ends.begin(), ends.end(), at) - ends.begin();
+    uint64_t off = (at - (ends[i] - files[i].size)) & ~uint64_t{kRandomReadSize - 1};
+    picks.push_back({i, off});
+  }
+  return picks;
+}
+
+uint64_t ReadAll(const std::string& root, const std::vector<SourceFile>& files) {
+  std::string buf(1 << 20, '\0');
+  uint64_t total = 0;
+  for (const auto& f : files) {
+    UniqueFd fd = Check(OpenFile(root + "/" + f.rel, O_RDONLY));
+    for (;;) {
+      ssize_t n = ::read(fd.get(), buf.data(), buf.size());
+      if (n < 0) Check(ErrnoError(errno, "read " + root + "/" + f.rel));
+      if (n == 0) break;
+      total += static_cast<uint64_t>(n);
+    }
+  }
+  return total;
+}
+
+void RandomReads(const std::string& root, const std::vector<SourceFile>& files,
+                 const std::vector<std::pair<size_t, uint64_t>>& picks) {
+  char buf[kRandomReadSize];
+  for (const auto& [i, off] : picks) {
+    UniqueFd fd = Check(OpenFile(root + "/" + files[i].rel, O_RDONLY));
+    Check(PreadFull(fd.get(), std::span<char>(buf, sizeof buf), off).status());
+  }
+}
+
+double Time(const std::function<void()>& f) {
+  auto t0 = Clock::now();
+  f();
+  return Seconds(Clock::now() - t0);
+}
+
+
+void RunPython(const std::string& root) {
+  auto r = Check(RunCommand({.argv = {"chroot", root, "/usr/bin/python3", "-c", kPython}}));
+  if (!r.success()) Check(Error(EIO, StrCat("python3 in ", root, ": ", r.Describe(), ": ", r.err)));
+}
+
+void FindLs(const std::string& root) {
+  auto r = Check(RunCommand({.argv = {"find", ".", "-ls"}, .cwd = root, .stdout_mode = StdStream::kNull}));
+  if (!r.success()) Check(Error(EIO, StrCat("find -ls in ", root, ": ", r.Describe(), ": ", r.err)));
+}
+
+// Writes back and drops from the page cache every file under `path` (or
+// `path` itself): only this run's files, not the machine's whole cache.
+void DropCached(const std::string& path) {
+  namespace fs = std::filesystem;
+  auto drop = [](const std::string& p) {
+    UniqueFd fd = Check(OpenFile(p, O_RDONLY));
+    ::fdatasync(fd.get());
+    ::posix_fadvise(fd.get(), 0, 0, POSIX_FADV_DONTNEED);
+  };
+  if (!fs::is_directory(path)) return drop(path);
+  for (const auto& e : fs::recursive_directory_iterator(path)) {
+    if (e.is_regular_file() && !e.is_symlink()) drop(e.path().string());
+  }
+}
+
+// Bytes of `path` in the page cache: cachestat(2) (Linux 6.5), which needs
+// no mmap and so also works on FUSE files opened for direct I/O.
+uint64_t CachedBytes(const std::string& path) {
+  struct Range {
+    uint64_t off, len;
+  } range{0, 0};
+  struct {
+    uint64_t nr_cache, nr_dirty, nr_writeback, nr_evicted, nr_recently_evicted;
+  } st{};
+  int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) return 0;
+  long r = ::syscall(451 /* cachestat */, fd, &range, &st, 0);
+  ::close(fd);
+  return r == 0 ? st.nr_cache * static_cast<uint64_t>(::sysconf(_SC_PAGESIZE)) : 0;
+}
+
+uint64_t CachedUnder(const std::string& dir) {
+  namespace fs = std::filesystem;
+  uint64_t total = 0;
+  if (!fs::exists(dir)) return 0;
+  for (const auto& e : fs::recursive_directory_iterator(dir, fs::directory_options::skip_permission_denied)) {
+    if (e.is_regular_file() && !e.is_symlink()) total += CachedBytes(e.path().string());
+  }
+  return total;
+}
+
+// One way of reaching the layer's tree: Up() gives a cold mount at
+// mountpoint(), Down() undoes it.
+class Target {
+ public:
+  virtual ~Target() = default;
+  virtual std::string name() const = 0;
+  // Returns the seconds the mount itself took.
+  virtual double Up() = 0;
+  virtual void Down() = 0;
+  virtual json Stats() { return json::object(); }
+  // Page cache held besides the tree's own files (backing files, chunk cache).
+  virtual uint64_t BackingCached() = 0;
+  const std::string& mountpoint() const { return mountpoint_; }
+
+ protected:
+  std::string mountpoint_;
+};
+
+class LocalImage final : public Target {
+ public:
+  LocalImage(std::string meta, std::string blob, std::string mountpoint)
+      : meta_(std::move(meta)), blob_(std::move(blob)) {
+    mountpoint_ = std::move(mountpoint);
+  }
+  std::string name() const override { return "local image"; }
+  double Up() override {
+    DropCached(meta_);
+    DropCached(blob_);
+    Check(MakeDirs(mountpoint_));
+    auto t0 = Clock::now();
+    mount_ = Check(MountPoint::Mount(meta_, mountpoint_, "erofs", MS_RDONLY, "device=" + blob_));
+    return Seconds(Clock::now() - t0);
+  }
+  void Down() override { Check(mount_.Unmount()); }
+  uint64_t BackingCached() override { return CachedBytes(meta_) + CachedBytes(blob_); }
+
+ private:
+  std::string meta_, blob_;
+  MountPoint mount_;
+};
+
+class Lazyfs final : public Target {
+ public:
+  Lazyfs(std::string mode, std::string dir, std::string store_url, std::string store_dir)
+      : mode_(std::move(mode)), dir_(std::move(dir)), store_url_(std::move(store_url)), store_dir_(std::move(store_dir)) {
+    mountpoint_ = dir_ + "/mnt";
+  }
+  ~Lazyfs() override {
+    if (daemon_) StopDaemon();
+  }
+  std::string name() const override { return "lazyfs " + mode_ + " mode"; }
+  std::string socket() const { return dir_ + "/lazyfs.sock"; }
+  // A new directory for every cold start. The old ones stay until the run
+  // ends: on a journal-less ext4 (as here) deleting thousands of files and
+  // then creating as many makes every create scan the recently deleted
+  // inodes, which would time the file system rather than lazyfs.
+  std::string cache() const { return StrCat(dir_, "/cache-", starts_); }
+
+  double Up() override {
+    ++starts_;
+    DropCached(store_dir_);
+    Check(MakeDirs(mountpoint_));
+    daemon_.emplace(Check(Subprocess::Start(
+        {.argv = {SelfDir() + "/../../lazyfs/lazyfs", "--socket", socket(), "daemon", "-f", "--cache", cache(),
+                  "--cache-size", "4G", "--grace", "0s"},
+         .stdout_mode = StdStream::kFile,
+         .stderr_mode = StdStream::kFile,
+         .stdout_file = dir_ + "/daemon.log",
+         .stderr_file = dir_ + "/daemon.log"})));
+    client_ = std::make_unique<lazyfs::Client>(socket());
+    for (int i = 0; !client_->Alive(); ++i) {
+      if (i > 2000 || !daemon_->Running()) Check(Error(EIO, "lazyfs daemon did not start; see " + dir_ + "/daemon.log"));
+      ::usleep(5000);
+    }
+    auto t0 = Clock::now();
+    Check(client_->Call("POST", "/v1/mount",
+                        {{"ref", "bench:1"}, {"store", store_url_}, {"mountpoint", mountpoint_}, {"mode", mode_}}));
+    return Seconds(Clock::now() - t0);
+  }
+  void Down() override {
+    Check(client_->Call("POST", "/v1/umount", {{"mountpoint", mountpoint_}}));
+    StopDaemon();
+  }
+  json Stats() override {
+    json s = Check(client_->Call("GET", "/v1/stats"));
+    if (s["layers"].size() != 1) Check(Error(EIO, "lazyfs stats: expected one layer: " + s.dump()));
+    return s["layers"][0];
+  }
+  uint64_t BackingCached() override {
+    // The chunk cache's files, and kernel mode's FUSE meta and blob files.
+    return CachedUnder(cache()) + CachedUnder(lazyfs::StateDirFor(socket()) + "/fuse");
+  }
+
+ private:
+  void StopDaemon() {
+    daemon_->Kill(SIGTERM);  // unmounts what it mounted, then exits
+    auto r = daemon_->Wait();
+    daemon_.reset();
+    client_.reset();
+    if (r.ok() && !r->success()) std::fprintf(stderr, "lazyfs_bench: daemon %s\n", r->Describe().c_str());
+  }
+
+  std::string mode_, dir_, store_url_, store_dir_;
+  int starts_ = 0;
+  std::optional<Subprocess> daemon_;
+  std::unique_ptr<lazyfs::Client> client_;
+};
+
+struct Figures {
+  double mount_s = 0;
+  double python_cold_s = 0, python_warm_s = 0;
+  double seq_cold_s = 0, seq_warm_s = 0;
+  double rand_cold_s = 0, rand_warm_s = 0;
+  double find_warm_s = 0;
+  uint64_t tree_cached = 0, backing_cached = 0;
+  json python_stats, random_stats, full_stats;
+};
+
+double MiB(uint64_t b) { return static_cast<double>(b) / (1 << 20); }
+
+// "12.3 MiB (4.1 %)": what a workload fetched (metadata image included) of
+// the image.
+std::string Fetched(const json& s) {
+  if (s.empty()) return "-";
+  uint64_t bytes = s["meta_bytes"].get<uint64_t>() + s["bytes_fetched"].get<uint64_t>();
+  double pct = 100.0 * static_cast<double>(bytes) / static_cast<double>(s["image_bytes"].get<uint64_t>());
+  return StrCat(Fixed(MiB(bytes), 1), " MiB (", Fixed(pct, 1), " %)");
+}
+
+int Run(int argc, char** argv) {
+  if (::geteuid() != 0) Check(Error(EPERM, "needs root: it mounts EROFS images and FUSE file systems"));
+  const std::string repo = SelfDir() + "/../../..";
+  std::string rootfs;
+  if (argc > 1) {
+    rootfs = argv[1];
+  } else {
+    auto r = Check(RunCommand({.argv = {repo + "/scripts/bench-rootfs"}, .stderr_mode = StdStream::kInherit}));
+    if (!r.success()) Check(Error(EIO, "scripts/bench-rootfs " + r.Describe()));
+    rootfs = Split(r.out, '\n')[0];
+  }
+  TempDir dir = Check(TempDir::Create("strata-bench-lazyfs"));
+  const std::string store_dir = dir.Sub("store"), store_url = "file://" + store_dir;
+
+  std::fprintf(stderr, "lazyfs_bench: building the layer from %s\n", rootfs.c_str());
+  auto built = Check(layerctl::BuildLayer({.source = rootfs, .output_dir = dir.Sub("layer"), .name = "bench"}));
+  cache::Catalog catalog(Check(cache::OpenStore(store_url)));
+  Check(layerctl::Push(built, catalog, cache::LayerRef{"bench", "1"}).status());
+  LocalImage local(JoinPath(built.dir, layerctl::kMetaFile), JoinPath(built.dir, layerctl::kBlobFile),
+                   dir.Sub("local-mnt"));
+  local.Up();
+  const auto files = ListFiles(local.mountpoint());
+  local.Down();
+  uint64_t tree_bytes = 0;
+  for (const auto& f : files) tree_bytes += f.size;
+  const auto picks = RandomPicks(files);
+  Check(MakeDirs(dir.Sub("kernel")));
+  Check(MakeDirs(dir.Sub("fuse")));
+  Lazyfs kernel("kernel", dir.Sub("kernel"), store_url, store_dir);
+  Lazyfs fuse("fuse", dir.Sub("fuse"), store_url, store_dir);
+  std::vector<Target*> targets = {&local, &kernel, &fuse};
+  std::map<Target*, Figures> fig;
+
+  // Each phase on each target in turn, so load from elsewhere spreads.
+  std::fprintf(stderr, "lazyfs_bench: mount and cold python import\n");
+  for (Target* t : targets) {
+    Figures& f = fig[t];
+    f.mount_s = t->Up();
+    f.python_cold_s = Time([&] { RunPython(t->mountpoint()); });
+    f.python_stats = t->Stats();
+    t->Down();
+  }
+  std::fprintf(stderr, "lazyfs_bench: cold random reads\n");
+  for (Target* t : targets) {
+    t->Up();
+    fig[t].rand_cold_s = Time([&] { RandomReads(t->mountpoint(), files, picks); });
+    fig[t].random_stats = t->Stats();
+    t->Down();
+  }
+  std::fprintf(stderr, "lazyfs_bench: cold reads of every file\n");
+  for (Target* t : targets) {
+    Figures& f = fig[t];
+    t->Up();
+    f.seq_cold_s = Time([&] {
+      if (ReadAll(t->mountpoint(), files) != tree_bytes) Check(Error(EIO, t->name() + ": short read"));
+    });
+    f.full_stats = t->Stats();
+    FindLs(t->mountpoint());  // lists the directories for the first time
+  }
+  // The store's own floor for a reader that fetches one extent at a time:
+  // every chunk file read once, cold, in blob order.
+  DropCached(store_dir);
+  uint64_t extent_bytes = 0;
+  for (const auto& e : built.manifest.extents) extent_bytes += e.length;
+  const double store_s = Time([&] {
+    std::string buf(1 << 20, '\0');
+    for (const auto& e : built.manifest.extents) {
+      UniqueFd fd = Check(OpenFile(store_dir + "/" + cache::ChunkKey(e.hash), O_RDONLY));
+      while (::read(fd.get(), buf.data(), buf.size()) > 0) {
+      }
+    }
+  });
+  std::fprintf(stderr, "lazyfs_bench: warm rounds\n");
+  std::map<Target*, std::vector<double>> seq, rnd, find, python;
+  for (int round = 0; round < kWarmRounds; ++round) {
+    for (Target* t : targets) {
+      seq[t].push_back(Time([&] { ReadAll(t->mountpoint(), files); }));
+      rnd[t].push_back(Time([&] { RandomReads(t->mountpoint(), files, picks); }));
+      find[t].push_back(Time([&] { FindLs(t->mountpoint()); }));
+      python[t].push_back(Time([&] { RunPython(t->mountpoint()); }));
+    }
+  }
+  for (Target* t : targets) {
+    Figures& f = fig[t];
+    f.seq_warm_s = Median(seq[t]);
+    f.rand_warm_s = Median(rnd[t]);
+    f.find_warm_s = Median(find[t]);
+    f.python_warm_s = Median(python[t]);
+    for (const auto& file : files) f.tree_cached += CachedBytes(t->mountpoint() + "/" + file.rel);
+    f.backing_cached = t->BackingCached();
+  }
+  for (Target* t : targets) t->Down();
+
+  const Figures& l = fig[&local];
+  const Figures& k = fig[&kernel];
+  const Figures& u = fig[&fuse];
+  const double mib = MiB(tree_bytes);
+  std::printf("layer: %s, %zu files, %.0f MiB of file data; image %.0f MiB (metadata %.1f MiB); chunk size 1 MiB\n",
+              rootfs.c_str(), files.size(), mib, MiB(built.manifest.meta_size + built.manifest.blob_size),
+              MiB(built.manifest.meta_size));
+  std::printf("store: file:// on local disk; cold = fresh daemon, empty cache, store and image files dropped from the page cache\n");
+  std::printf("warm figures: median of %d rounds taking the three setups in turn; random reads: %zu x 4 KiB at\n"
+              "offsets uniform over the file bytes, each opening its file\n\n",
+              kWarmRounds, kRandomReads);
+
+  Table speed({"measure", "local image", "kernel mode", "x local", "fuse mode", "x local", "target"});
+  auto ms = [](double s) { return Fixed(s * 1000, 1) + " ms"; };
+  auto rate = [](double v, const char* unit) { return Fixed(v, 0) + unit; };
+  auto row_time = [&](const char* what, double lv, double kv, double uv, const char* target) {
+    speed.Add({what, ms(lv), ms(kv), Fixed(lv / kv, 2), ms(uv), Fixed(lv / uv, 2), target});
+  };
+  auto row_rate = [&](const char* what, double lv, double kv, double uv, const char* unit, const char* target) {
+    speed.Add({what, rate(lv, unit), rate(kv, unit), Fixed(kv / lv, 2), rate(uv, unit), Fixed(uv / lv, 2), target});
+  };
+  row_time("mount, cold (metadata image fetched)", l.mount_s, k.mount_s, u.mount_s, "-");
+  row_time("python3 -c 'import json, email, http.client, sqlite3', cold", l.python_cold_s, k.python_cold_s,
+           u.python_cold_s, "-");
+  row_time("the same import, warm", l.python_warm_s, k.python_warm_s, u.python_warm_s, "-");
+  row_rate("sequential read of every file, cold", mib / l.seq_cold_s, mib / k.seq_cold_s, mib / u.seq_cold_s,
+           " MiB/s", "-");
+  speed.Add({"  floor: the store's chunk files read cold, one at a time", "-", rate(MiB(extent_bytes) / store_s, " MiB/s"),
+             Fixed(MiB(extent_bytes) / store_s / (mib / l.seq_cold_s), 2), "", "", "-"});
+  row_rate("sequential read of every file, warm", mib / l.seq_warm_s, mib / k.seq_warm_s, mib / u.seq_warm_s,
+           " MiB/s", ">= 0.9");
+  row_rate("random 4 KiB reads, cold", kRandomReads / l.rand_cold_s, kRandomReads / k.rand_cold_s,
+           kRandomReads / u.rand_cold_s, " reads/s", "-");
+  row_rate("random 4 KiB reads, warm", kRandomReads / l.rand_warm_s, kRandomReads / k.rand_warm_s,
+           kRandomReads / u.rand_warm_s, " reads/s", "-");
+  row_time("find . -ls of the tree, warm", l.find_warm_s, k.find_warm_s, u.find_warm_s, "-");
+  std::printf("x local: local time / our time, or our rate / local rate (above 1: faster than the local image)\n");
+  speed.Print();
+
+  std::printf("\nfetched from the store (metadata image included) by each cold workload, of the %.0f MiB image:\n",
+              MiB(built.manifest.meta_size + built.manifest.blob_size));
+  Table fetched({"cold workload", "kernel mode", "fuse mode", "target"});
+  fetched.Add({"python3 import", Fetched(k.python_stats), Fetched(u.python_stats), "<= 10 %"});
+  fetched.Add({StrCat(kRandomReads, " random 4 KiB reads"), Fetched(k.random_stats), Fetched(u.random_stats), "-"});
+  fetched.Add({"read of every file", Fetched(k.full_stats), Fetched(u.full_stats), "-"});
+  fetched.Print();
+
+  std::printf("\npage cache held after the warm reads (the tree's files, plus backing files: the local image's\n"
+              "meta.img and blob.img; lazyfs's chunk cache files and kernel mode's FUSE meta and blob files):\n");
+  Table memory({"setup", "tree files", "backing files", "total", "x local"});
+  for (Target* t : targets) {
+    const Figures& f = fig[t];
+    memory.Add({t->name(), Fixed(MiB(f.tree_cached), 0) + " MiB", Fixed(MiB(f.backing_cached), 0) + " MiB",
+                Fixed(MiB(f.tree_cached + f.backing_cached), 0) + " MiB",
+                Fixed(static_cast<double>(f.tree_cached + f.backing_cached) /
+                          static_cast<double>(l.tree_cached + l.backing_cached),
+                      2)});
+  }
+  memory.Print();
+  return 0;
+}
+
+}  // namespace
+}  // namespace strata::bench
+
+int main(int argc, char** argv) {
+  try {
+    return strata::bench::Run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "lazyfs_bench: %s\n", e.what());
+    return 1;
+  }
+}
