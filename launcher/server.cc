@@ -162,6 +162,16 @@ HttpServer::Response LauncherServer::Handle(const HttpServer::Request& req) {
   if (!Allowed(req, options_, group_)) {
     return HttpServer::ErrorResponse(Error(EACCES, "launcher: not allowed (root, the allowed group, or a token)"));
   }
+  try {
+    return Route(req);
+  } catch (const json::exception& e) {  // a field of the wrong type
+    return HttpServer::ErrorResponse(Error(EINVAL, StrCat(req.method, " ", req.path, ": ", e.what())));
+  } catch (const std::logic_error& e) {  // a number that is not one
+    return HttpServer::ErrorResponse(Error(EINVAL, StrCat(req.method, " ", req.path, ": bad value (", e.what(), ")")));
+  }
+}
+
+HttpServer::Response LauncherServer::Route(const HttpServer::Request& req) {
   if (req.method == "GET" && req.path == "/metrics") {
     HttpServer::Response r;
     r.content_type = "text/plain; version=0.0.4";

@@ -30,6 +30,7 @@ class LauncherServer {
  private:
   LauncherServer(const ServeOptions& options, SandboxManager& manager) : options_(options), manager_(manager) {}
   HttpServer::Response Handle(const HttpServer::Request& request);
+  HttpServer::Response Route(const HttpServer::Request& request);
 
   ServeOptions options_;
   SandboxManager& manager_;

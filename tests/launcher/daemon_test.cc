@@ -209,6 +209,14 @@ TEST_F(DaemonTest, ExecStreamsOutputAsItComes) {
   auto unknown = client_->Create({{"layers", {"nope:1"}}, {"store", store_url_}});
   ASSERT_FALSE(unknown.ok());
   EXPECT_NE(unknown.status().ToString().find("nope:1"), std::string::npos) << unknown.status().ToString();
+  auto wrong_type = RunCommand({.argv = {"curl", "-sS", "--unix-socket", socket_, "-X", "POST", "-d", R"({"argv":["true"],"stream":"yes"})",
+                                         "http://launcher/v1/sandboxes/" + id + "/exec"}});
+  ASSERT_OK(wrong_type.status());
+  EXPECT_NE(wrong_type->out.find("\"errno\":22"), std::string::npos) << wrong_type->out;
+  auto bad_mode = RunCommand({.argv = {"curl", "-sS", "--unix-socket", socket_, "-X", "PUT", "--data-binary", "x",
+                                       "http://launcher/v1/sandboxes/" + id + "/files?path=/tmp/x&mode=rw"}});
+  ASSERT_OK(bad_mode.status());
+  EXPECT_NE(bad_mode->out.find("\"errno\":22"), std::string::npos) << bad_mode->out;
   auto noargv = client_->Exec(id, {{"argv", json::array()}}, [](int, std::string_view) {});
   ASSERT_FALSE(noargv.ok());
   EXPECT_NE(noargv.status().ToString().find("argv"), std::string::npos);
