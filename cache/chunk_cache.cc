@@ -391,6 +391,15 @@ std::shared_ptr<ChunkCache::Flight> ChunkCache::StartFetch(const Digest128& id,
           submit = true;
         }
       }
+    } else if (auto done = open_.find(id); done != open_.end()) {
+      // Another fetch finished between the caller's look into the cache and
+      // now (it put the chunk in open_ as it left inflight_, under mu_).
+      flight = std::make_shared<Flight>();
+      flight->done = true;
+      flight->chunk = done->second;
+      if (!background) ++stats_.hits;
+      Touch(id);
+      return flight;
     } else {
       flight = std::make_shared<Flight>();
       flight->background = background;
