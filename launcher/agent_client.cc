@@ -21,13 +21,37 @@ using nlohmann::json;
 
 namespace {
 
-Status AgentError(const std::string& payload) {
-  json j = json::parse(payload, nullptr, false);
-  if (!j.is_object()) return Error(EIO, "agent: error without a message");
-  return Error(j.value("errno", EIO), "agent: " + j.value("error", std::string("unknown error")));
+}  // namespace
+
+json ExecResultJson(const ExecResult& r) {
+  return {{"exit_code", r.exit_code},           {"signal", r.signal},
+          {"timed_out", r.timed_out},           {"stdout_bytes", r.stdout_bytes},
+          {"stderr_bytes", r.stderr_bytes},     {"stdout_truncated", r.stdout_truncated},
+          {"stderr_truncated", r.stderr_truncated}, {"duration_ms", r.duration_ms},
+          {"oom_killed", r.oom_killed}};
 }
 
-}  // namespace
+Result<ExecResult> ParseExitFrame(std::string_view payload) {
+  json j = json::parse(payload, nullptr, false);
+  if (!j.is_object()) return Error(EPROTO, "agent: malformed exit report");
+  ExecResult r;
+  r.exit_code = j.value("exit_code", -1);
+  r.signal = j.value("signal", 0);
+  r.timed_out = j.value("timed_out", false);
+  r.stdout_bytes = j.value("stdout_bytes", uint64_t{0});
+  r.stderr_bytes = j.value("stderr_bytes", uint64_t{0});
+  r.stdout_truncated = j.value("stdout_truncated", false);
+  r.stderr_truncated = j.value("stderr_truncated", false);
+  r.duration_ms = j.value("duration_ms", int64_t{0});
+  r.oom_killed = j.value("oom_killed", false);
+  return r;
+}
+
+Status ParseErrorFrame(std::string_view payload) {
+  json j = json::parse(payload, nullptr, false);
+  if (!j.is_object()) return Error(EIO, "agent: error without a message");
+  return Error(j.value("errno", EIO), j.value("error", std::string("unknown error")));
+}
 
 Result<int> AgentClient::Connect() {
   sockaddr_un addr{};
@@ -109,21 +133,8 @@ Result<ExecResult> AgentClient::Exec(const ExecRequest& request, const OutputSin
     switch (type) {
       case Frame::kStdout: sink(1, payload); break;
       case Frame::kStderr: sink(2, payload); break;
-      case Frame::kError: return AgentError(payload);
-      case Frame::kExit: {
-        json j = json::parse(payload, nullptr, false);
-        if (!j.is_object()) return Error(EPROTO, "agent: malformed exit report");
-        ExecResult r;
-        r.exit_code = j.value("exit_code", -1);
-        r.signal = j.value("signal", 0);
-        r.timed_out = j.value("timed_out", false);
-        r.stdout_bytes = j.value("stdout_bytes", uint64_t{0});
-        r.stderr_bytes = j.value("stderr_bytes", uint64_t{0});
-        r.stdout_truncated = j.value("stdout_truncated", false);
-        r.stderr_truncated = j.value("stderr_truncated", false);
-        r.duration_ms = j.value("duration_ms", int64_t{0});
-        return r;
-      }
+      case Frame::kError: return ParseErrorFrame(payload);
+      case Frame::kExit: return ParseExitFrame(payload);
       default: return Error(EPROTO, StrCat("agent: unexpected frame ", static_cast<int>(type), " during exec"));
     }
   }
@@ -146,7 +157,7 @@ Status AgentClient::Put(const std::string& path, std::string_view data, uint32_t
   Frame type;
   std::string payload;
   STRATA_RETURN_IF_ERROR(ReadFrame(fd.get(), &type, &payload));
-  if (type == Frame::kError) return AgentError(payload);
+  if (type == Frame::kError) return ParseErrorFrame(payload);
   return OkStatus();
 }
 
@@ -157,11 +168,11 @@ Result<std::string> AgentClient::Get(const std::string& path) {
   Frame type;
   std::string payload, data;
   STRATA_RETURN_IF_ERROR(ReadFrame(fd.get(), &type, &payload));
-  if (type == Frame::kError) return AgentError(payload);
+  if (type == Frame::kError) return ParseErrorFrame(payload);
   while (true) {
     STRATA_RETURN_IF_ERROR(ReadFrame(fd.get(), &type, &payload));
     if (type == Frame::kDataEnd) return data;
-    if (type == Frame::kError) return AgentError(payload);
+    if (type == Frame::kError) return ParseErrorFrame(payload);
     data += payload;
   }
 }
@@ -173,7 +184,7 @@ Result<json> AgentClient::Ping() {
   Frame type;
   std::string payload;
   STRATA_RETURN_IF_ERROR(ReadFrame(fd.get(), &type, &payload));
-  if (type != Frame::kOk) return AgentError(payload);
+  if (type != Frame::kOk) return ParseErrorFrame(payload);
   return json::parse(payload, nullptr, false);
 }
 

@@ -38,6 +38,11 @@ struct ExecResult {
   bool oom_killed = false;  // set by the launcher (the kernel's OOM killer ended it)
 };
 
+// The payloads of the exit and error frames (also the daemon's exec answers).
+nlohmann::json ExecResultJson(const ExecResult& r);
+Result<ExecResult> ParseExitFrame(std::string_view payload);
+Status ParseErrorFrame(std::string_view payload);
+
 // Called with each piece of output as it arrives: 1 = stdout, 2 = stderr.
 using OutputSink = std::function<void(int stream, std::string_view bytes)>;
 

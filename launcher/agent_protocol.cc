@@ -12,12 +12,40 @@
 
 namespace strata::launcher {
 
+namespace {
+void PutHeader(char* header, Frame type, size_t len) {
+  header[0] = static_cast<char>(type);
+  for (int i = 0; i < 4; ++i) header[1 + i] = static_cast<char>(static_cast<uint32_t>(len) >> (8 * i));
+}
+
+Result<uint32_t> HeaderLength(const char* header) {
+  uint32_t len = 0;
+  for (int i = 0; i < 4; ++i) len |= static_cast<uint32_t>(static_cast<uint8_t>(header[1 + i])) << (8 * i);
+  if (len > kMaxFrame) return Error(EMSGSIZE, StrCat("agent frame of ", len, " bytes is too large"));
+  return len;
+}
+}  // namespace
+
+std::string EncodeFrame(Frame type, std::string_view payload) {
+  std::string out(kFrameHeader, '\0');
+  PutHeader(out.data(), type, payload.size());
+  out.append(payload);
+  return out;
+}
+
+Result<size_t> DecodeFrame(std::string_view buffer, Frame* type, std::string_view* payload) {
+  if (buffer.size() < kFrameHeader) return size_t{0};
+  STRATA_ASSIGN_OR_RETURN(uint32_t len, HeaderLength(buffer.data()));
+  if (buffer.size() - kFrameHeader < len) return size_t{0};
+  *type = static_cast<Frame>(static_cast<uint8_t>(buffer[0]));
+  *payload = buffer.substr(kFrameHeader, len);
+  return kFrameHeader + len;
+}
+
 Status WriteFrame(int fd, Frame type, std::string_view payload) {
   if (payload.size() > kMaxFrame) return Error(EMSGSIZE, StrCat("agent frame of ", payload.size(), " bytes is too large"));
-  uint8_t header[kFrameHeader];
-  header[0] = static_cast<uint8_t>(type);
-  uint32_t len = static_cast<uint32_t>(payload.size());
-  for (int i = 0; i < 4; ++i) header[1 + i] = static_cast<uint8_t>(len >> (8 * i));
+  char header[kFrameHeader];
+  PutHeader(header, type, payload.size());
   iovec iov[2] = {{header, sizeof header}, {const_cast<char*>(payload.data()), payload.size()}};
   size_t total = sizeof header + payload.size(), done = 0;
   while (done < total) {
@@ -73,9 +101,7 @@ Status ReadFrame(int fd, Frame* type, std::string* payload) {
   char header[kFrameHeader];
   bool eof = false;
   STRATA_RETURN_IF_ERROR(ReadExactly(fd, header, sizeof header, &eof));
-  uint32_t len = 0;
-  for (int i = 0; i < 4; ++i) len |= static_cast<uint32_t>(static_cast<uint8_t>(header[1 + i])) << (8 * i);
-  if (len > kMaxFrame) return Error(EMSGSIZE, StrCat("agent frame of ", len, " bytes is too large"));
+  STRATA_ASSIGN_OR_RETURN(uint32_t len, HeaderLength(header));
   *type = static_cast<Frame>(static_cast<uint8_t>(header[0]));
   payload->resize(len);
   return ReadExactly(fd, payload->data(), len, nullptr);

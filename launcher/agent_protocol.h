@@ -48,4 +48,10 @@ inline constexpr size_t kFrameHeader = 5;
 Status WriteFrame(int fd, Frame type, std::string_view payload);
 Status ReadFrame(int fd, Frame* type, std::string* payload);
 
+// The same frames in memory (the daemon relays them over HTTP): one frame's
+// bytes; and the first whole frame of `buffer`, returning the bytes it took
+// (0 while the frame is incomplete).
+std::string EncodeFrame(Frame type, std::string_view payload);
+Result<size_t> DecodeFrame(std::string_view buffer, Frame* type, std::string_view* payload);
+
 }  // namespace strata::launcher

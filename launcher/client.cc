@@ -67,39 +67,31 @@ Result<ExecResult> LauncherClient::Exec(const std::string& id, const json& reque
   auto on_data = [&](std::string_view piece) {
     buffer.append(piece);
     size_t at = 0;
-    while (buffer.size() - at >= kFrameHeader) {
-      uint32_t len = 0;
-      for (int i = 0; i < 4; ++i) len |= static_cast<uint32_t>(static_cast<uint8_t>(buffer[at + 1 + static_cast<size_t>(i)])) << (8 * i);
-      if (buffer.size() - at - kFrameHeader < len) break;
-      auto type = static_cast<Frame>(static_cast<uint8_t>(buffer[at]));
-      std::string_view payload(buffer.data() + at + kFrameHeader, len);
+    while (true) {
+      Frame type;
+      std::string_view payload;
+      auto used = DecodeFrame(std::string_view(buffer).substr(at), &type, &payload);
+      if (!used.ok()) {
+        error = used.status();
+        return false;
+      }
+      if (*used == 0) break;
+      at += *used;
       if (type == Frame::kStdout) sink(1, payload);
       else if (type == Frame::kStderr) sink(2, payload);
-      else if (type == Frame::kExit || type == Frame::kError) {
-        json j = json::parse(payload, nullptr, false);
-        if (type == Frame::kError) {
-          error = Error(j.is_object() ? j.value("errno", EIO) : EIO, j.is_object() ? j.value("error", std::string("exec failed")) : "exec failed");
-        } else if (j.is_object()) {
-          ExecResult r;
-          r.exit_code = j.value("exit_code", -1);
-          r.signal = j.value("signal", 0);
-          r.timed_out = j.value("timed_out", false);
-          r.stdout_bytes = j.value("stdout_bytes", uint64_t{0});
-          r.stderr_bytes = j.value("stderr_bytes", uint64_t{0});
-          r.stdout_truncated = j.value("stdout_truncated", false);
-          r.stderr_truncated = j.value("stderr_truncated", false);
-          r.duration_ms = j.value("duration_ms", int64_t{0});
-          r.oom_killed = j.value("oom_killed", false);
-          result = r;
-        }
+      else if (type == Frame::kError) error = ParseErrorFrame(payload);
+      else if (type == Frame::kExit) {
+        auto r = ParseExitFrame(payload);
+        if (r.ok()) result = *r;
+        else error = r.status();
       }
-      at += kFrameHeader + len;
     }
     buffer.erase(0, at);
     return true;
   };
-  STRATA_RETURN_IF_ERROR(Call("POST", "/v1/sandboxes/" + id + "/exec", text, on_data).status());
+  Status call = Call("POST", "/v1/sandboxes/" + id + "/exec", text, on_data).status();
   if (!error.ok()) return error;
+  STRATA_RETURN_IF_ERROR(call);
   if (!result) return Error(EPROTO, "exec " + id + ": the daemon's answer ended without an exit report");
   return *result;
 }

@@ -106,23 +106,6 @@ Result<ExecRequest> ParseExec(const json& j) {
   return r;
 }
 
-json ExitJson(const ExecResult& r) {
-  return {{"exit_code", r.exit_code},         {"signal", r.signal},
-          {"timed_out", r.timed_out},         {"stdout_bytes", r.stdout_bytes},
-          {"stderr_bytes", r.stderr_bytes},   {"stdout_truncated", r.stdout_truncated},
-          {"stderr_truncated", r.stderr_truncated}, {"duration_ms", r.duration_ms}, {"oom_killed", r.oom_killed}};
-}
-
-// Frame header + payload, as the agent protocol writes it.
-std::string FrameBytes(Frame type, std::string_view payload) {
-  std::string out(kFrameHeader, '\0');
-  out[0] = static_cast<char>(type);
-  uint32_t len = static_cast<uint32_t>(payload.size());
-  for (int i = 0; i < 4; ++i) out[1 + static_cast<size_t>(i)] = static_cast<char>(len >> (8 * i));
-  out.append(payload);
-  return out;
-}
-
 }  // namespace
 
 bool LauncherServer::Allowed(const HttpServer::Request& request, const ServeOptions& options, gid_t group) {
@@ -179,7 +162,7 @@ HttpServer::Response LauncherServer::Route(const HttpServer::Request& req) {
     return r;
   }
   if (req.method == "GET" && req.path == "/v1/health") {
-    return Json({{"ok", true}, {"pid", ::getpid()}, {"sandboxes", manager_.List().size()}});
+    return Json({{"ok", true}, {"pid", ::getpid()}, {"sandboxes", manager_.Count()}});
   }
   json body = json::parse(req.body.empty() ? "{}" : req.body, nullptr, false);
   if (req.method != "PUT" && (body.is_discarded() || !body.is_object())) {
@@ -234,7 +217,7 @@ HttpServer::Response LauncherServer::Route(const HttpServer::Request& req) {
       std::string out, err;
       auto result = manager_.Exec(id, std::move(*exec), [&](int stream, std::string_view b) { (stream == 1 ? out : err).append(b); });
       if (!result.ok()) return HttpServer::ErrorResponse(result.status());
-      json j = ExitJson(*result);
+      json j = ExecResultJson(*result);
       j["stdout"] = Base64Encode(out);
       j["stderr"] = Base64Encode(err);
       return Json(j);
@@ -245,12 +228,12 @@ HttpServer::Response LauncherServer::Route(const HttpServer::Request& req) {
     r.content_type = "application/vnd.strata.frames";
     r.stream = [this, id, request = std::move(*exec)](const HttpServer::StreamWriter& write) mutable {
       auto result = manager_.Exec(id, std::move(request), [&](int stream, std::string_view b) {
-        write(FrameBytes(stream == 1 ? Frame::kStdout : Frame::kStderr, b));
+        write(EncodeFrame(stream == 1 ? Frame::kStdout : Frame::kStderr, b));
       });
       if (result.ok()) {
-        write(FrameBytes(Frame::kExit, ExitJson(*result).dump()));
+        write(EncodeFrame(Frame::kExit, ExecResultJson(*result).dump()));
       } else {
-        write(FrameBytes(Frame::kError, json{{"error", result.status().ToString()}, {"errno", result.status().code()}}.dump()));
+        write(EncodeFrame(Frame::kError, json{{"error", result.status().ToString()}, {"errno", result.status().code()}}.dump()));
       }
     };
     return r;
