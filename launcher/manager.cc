@@ -34,14 +34,6 @@ json CallSpecJson(const SandboxSpec& spec) {
   return {{"layers", spec.layers}, {"env", spec.env}, {"workdir", spec.workdir}};
 }
 
-std::string NewSandboxId() {
-  static std::mt19937_64 rng{std::random_device{}() ^ static_cast<uint64_t>(::getpid())};
-  static std::mutex mu;
-  std::lock_guard lock(mu);
-  char buf[16];
-  std::snprintf(buf, sizeof buf, "%012llx", static_cast<unsigned long long>(rng() & 0xffffffffffffULL));
-  return std::string("sb-") + buf;
-}
 
 }  // namespace
 
@@ -122,13 +114,13 @@ void SandboxManager::ReapPools(bool all) {
   }
 }
 
-Result<Sandbox*> SandboxManager::Container(Entry& entry, const char* what) {
+Result<std::shared_ptr<Sandbox>> SandboxManager::Container(Entry& entry, const char* what) {
   if (entry.pool) {
     return Error(ENOTSUP, StrCat(what, ": sandbox ", entry.id, " is a function-call sandbox: every call starts from the "
                                  "read-only image, so there are no files to change, nothing to pause and nothing to snapshot"));
   }
   if (!entry.sandbox) return Error(ENOENT, StrCat("sandbox ", entry.id, " is being destroyed"));
-  return entry.sandbox.get();
+  return entry.sandbox;
 }
 
 Status SandboxManager::Record(const std::string& id, const json& record) {
@@ -373,19 +365,19 @@ Result<std::shared_ptr<SandboxManager::Entry>> SandboxManager::Find(const std::s
 
 Result<ExecResult> SandboxManager::Exec(const std::string& id, ExecRequest request, const OutputSink& sink) {
   STRATA_ASSIGN_OR_RETURN(auto entry, Find(id));
-  Sandbox* sb;
-  std::shared_ptr<Pool> pool;  // held while the call runs
+  std::shared_ptr<Sandbox> sb;  // kept alive while the command runs
+  std::shared_ptr<Pool> pool;
   {
     std::lock_guard lock(entry->mu);
     if (entry->gone()) return Error(ENOENT, StrCat("sandbox ", id, " is being destroyed"));
     if (entry->pool) {
       pool = entry->pool;
-      sb = pool->warm.get();
+      sb = pool->warm;
       if (request.env.empty()) request.env = entry->spec.env;
       if (request.cwd.empty() || request.cwd == "/") request.cwd = entry->spec.workdir;
     } else {
       if (entry->sandbox->paused()) return Error(EAGAIN, StrCat("sandbox ", id, " is paused; resume it first"));
-      sb = entry->sandbox.get();
+      sb = entry->sandbox;
     }
   }
   // No lock while the command runs: a destroy ends it (the agent goes).
@@ -405,22 +397,28 @@ Result<ExecResult> SandboxManager::Exec(const std::string& id, ExecRequest reque
 
 Status SandboxManager::Put(const std::string& id, const std::string& path, std::string_view data, uint32_t mode) {
   STRATA_ASSIGN_OR_RETURN(auto entry, Find(id));
-  std::lock_guard lock(entry->mu);
-  STRATA_ASSIGN_OR_RETURN(Sandbox * sb, Container(*entry, "put"));
+  std::shared_ptr<Sandbox> sb;
+  {
+    std::lock_guard lock(entry->mu);
+    STRATA_ASSIGN_OR_RETURN(sb, Container(*entry, "put"));
+  }
   return sb->agent().Put(path, data, mode, std::nullopt);
 }
 
 Result<std::string> SandboxManager::Get(const std::string& id, const std::string& path) {
   STRATA_ASSIGN_OR_RETURN(auto entry, Find(id));
-  std::lock_guard lock(entry->mu);
-  STRATA_ASSIGN_OR_RETURN(Sandbox * sb, Container(*entry, "get"));
+  std::shared_ptr<Sandbox> sb;
+  {
+    std::lock_guard lock(entry->mu);
+    STRATA_ASSIGN_OR_RETURN(sb, Container(*entry, "get"));
+  }
   return sb->agent().Get(path);
 }
 
 Status SandboxManager::Pause(const std::string& id) {
   STRATA_ASSIGN_OR_RETURN(auto entry, Find(id));
   std::lock_guard lock(entry->mu);
-  STRATA_ASSIGN_OR_RETURN(Sandbox * sb, Container(*entry, "pause"));
+  STRATA_ASSIGN_OR_RETURN(auto sb, Container(*entry, "pause"));
   if (sb->paused()) return OkStatus();
   return sb->Pause();
 }
@@ -428,17 +426,21 @@ Status SandboxManager::Pause(const std::string& id) {
 Status SandboxManager::Resume(const std::string& id) {
   STRATA_ASSIGN_OR_RETURN(auto entry, Find(id));
   std::lock_guard lock(entry->mu);
-  STRATA_ASSIGN_OR_RETURN(Sandbox * sb, Container(*entry, "resume"));
+  STRATA_ASSIGN_OR_RETURN(auto sb, Container(*entry, "resume"));
   if (!sb->paused()) return OkStatus();
   return sb->Resume();
 }
 
 Status SandboxManager::Destroy(const std::string& id) {
   STRATA_ASSIGN_OR_RETURN(auto entry, Find(id));
-  std::unique_ptr<Sandbox> sandbox;
+  std::shared_ptr<Sandbox> sandbox;
   std::shared_ptr<Pool> pool;
   {
     std::lock_guard lock(entry->mu);
+    if (entry->gone()) return Error(ENOENT, StrCat("sandbox ", id, " is being destroyed"));
+    // Recorded before anything goes, so a crash from here on is cleaned up
+    // at the next start; a failure leaves the sandbox as it was.
+    if (entry->sandbox) STRATA_RETURN_IF_ERROR(Record(id, {{"status", "destroying"}}));
     sandbox = std::move(entry->sandbox);
     pool = std::move(entry->pool);
   }
@@ -454,8 +456,6 @@ Status SandboxManager::Destroy(const std::string& id) {
     ++destructions_;
     return Forget(id);
   }
-  if (!sandbox) return Error(ENOENT, StrCat("sandbox ", id, " is being destroyed"));
-  STRATA_RETURN_IF_ERROR(Record(id, {{"status", "destroying"}}));
   if (sandbox->paused()) sandbox->Resume().IgnoreError();  // a frozen init cannot exit
   Status s = sandbox->Destroy();
   {
@@ -476,7 +476,7 @@ Result<json> SandboxManager::Snapshot(const std::string& id, const std::string& 
   const auto start = std::chrono::steady_clock::now();
   {
     std::lock_guard lock(entry->mu);
-    STRATA_ASSIGN_OR_RETURN(Sandbox * sb, Container(*entry, "snapshot"));
+    STRATA_ASSIGN_OR_RETURN(auto sb, Container(*entry, "snapshot"));
     STRATA_ASSIGN_OR_RETURN(UpperVolume captured, sb->CaptureUpper());
     snapshot.emplace(std::move(captured));
     for (const auto& layer : sb->layers()) parents.push_back(layer.digest.Hex());
@@ -515,6 +515,11 @@ Result<json> SandboxManager::Info(const std::string& id) {
   std::lock_guard lock(entry->mu);
   if (entry->gone()) return Error(ENOENT, StrCat("sandbox ", id, " is being destroyed"));
   return entry->Info();
+}
+
+size_t SandboxManager::Count() {
+  std::lock_guard lock(mu_);
+  return sandboxes_.size();
 }
 
 json SandboxManager::List() {

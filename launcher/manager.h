@@ -46,6 +46,7 @@ class SandboxManager {
   Status Destroy(const std::string& id);
   Result<nlohmann::json> Info(const std::string& id);
   nlohmann::json List();
+  size_t Count();
   // Prometheus text format.
   std::string Metrics();
   const NodeConfig& node() const { return node_; }
@@ -64,13 +65,13 @@ class SandboxManager {
   // user goes.
   struct Pool {
     std::string key;
-    std::unique_ptr<Sandbox> warm;
+    std::shared_ptr<Sandbox> warm;
     int users = 0;
     std::chrono::steady_clock::time_point idle_since;
   };
   struct Entry {
     std::mutex mu;  // serializes lifecycle changes (pause, resume, destroy)
-    std::unique_ptr<Sandbox> sandbox;  // container back end
+    std::shared_ptr<Sandbox> sandbox;  // container back end (an exec keeps a copy)
     std::shared_ptr<Pool> pool;        // fncall back end
     SandboxSpec spec;                  // fncall: the caller's (env, workdir)
     std::string id;
@@ -87,7 +88,7 @@ class SandboxManager {
   void ReapPools(bool all);
   Result<std::shared_ptr<Entry>> Find(const std::string& id);
   // The entry's container sandbox, or an error naming why there is none.
-  static Result<Sandbox*> Container(Entry& entry, const char* what);
+  static Result<std::shared_ptr<Sandbox>> Container(Entry& entry, const char* what);
   Status Record(const std::string& id, const nlohmann::json& record);
   Status Forget(const std::string& id);
 

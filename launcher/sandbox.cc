@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <fstream>
+#include <mutex>
 #include <random>
 #include <thread>
 
@@ -23,15 +24,17 @@ namespace strata::launcher {
 
 using nlohmann::json;
 
-namespace {
-
-std::string NewId() {
-  std::random_device rd;
-  std::mt19937_64 rng((static_cast<uint64_t>(rd()) << 32) ^ rd() ^ static_cast<uint64_t>(::getpid()));
+std::string NewSandboxId() {
+  static std::mt19937_64 rng{(static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}() ^
+                             static_cast<uint64_t>(::getpid())};
+  static std::mutex mu;
+  std::lock_guard lock(mu);
   char buf[16];
   std::snprintf(buf, sizeof buf, "%012llx", static_cast<unsigned long long>(rng() & 0xffffffffffffULL));
   return std::string("sb-") + buf;
 }
+
+namespace {
 
 std::string SelfDir() {
   char buf[4096];
@@ -143,7 +146,7 @@ Result<std::unique_ptr<Sandbox>> Sandbox::Create(const SandboxSpec& spec, const 
   std::unique_ptr<Sandbox> sb(new Sandbox());
   sb->node_ = node;
   sb->spec_ = spec;
-  sb->id_ = spec.id.empty() ? NewId() : spec.id;
+  sb->id_ = spec.id.empty() ? NewSandboxId() : spec.id;
   Status s = sb->Start(spec);
   if (!s.ok()) {
     Status cleanup = sb->Destroy();
@@ -219,6 +222,9 @@ Status Sandbox::Start(const SandboxSpec& spec) {
   // Recorded first: a launcher killed now leaves a sweep something to release.
   state["layers"] = refs;
   STRATA_RETURN_IF_ERROR(WriteFileAtomic(dir_ + "/state.json", state.dump(), false));
+  // Held from here on: the daemon may have taken them even when its answer
+  // is lost, and releasing what it does not hold is fine.
+  for (const auto& layer : stack_) held_.push_back(layer.digest);
   auto acquired = lazyfs.Call("POST", "/v1/acquire", acquire);
   if (!acquired.ok() && (acquired.status().code() == ECONNREFUSED || acquired.status().code() == ENOENT) &&
       !lazyfs.Alive()) {
@@ -228,7 +234,6 @@ Status Sandbox::Start(const SandboxSpec& spec) {
   if (!acquired.ok()) return acquired.status().Annotate("mount layers");
   std::vector<std::string> lowers;  // top first, as overlayfs wants them
   for (const auto& layer : (*acquired)["layers"]) {
-    held_.push_back(*Digest128::FromHex(layer["digest"].get<std::string>()));
     lowers.insert(lowers.begin(), layer["path"].get<std::string>());
   }
   timer.Step("acquire layers from lazyfs");

@@ -119,6 +119,9 @@ class Sandbox {
   bool destroyed_ = false;
 };
 
+// A new random sandbox id, "sb-" and 12 hex digits.
+std::string NewSandboxId();
+
 // Cleans up after sandboxes whose launcher died (kill -9, power loss):
 // every sandbox directory whose owner process is gone.
 Status SweepStaleSandboxes(const NodeConfig& node);
