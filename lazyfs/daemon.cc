@@ -181,6 +181,7 @@ Status Daemon::Load(LayerEntry& entry, const LayerKey& key) {
                         : Result<MountPoint>(s);
     if (!mount.ok()) {
       fs_->Remove(digest);
+      ::rmdir(entry.path.c_str());
       return mount.status().Annotate(StrCat("mount layer ", digest.Hex()));
     }
     entry.erofs = std::move(*mount);

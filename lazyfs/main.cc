@@ -22,6 +22,16 @@ namespace {
 using namespace strata;
 using nlohmann::json;
 
+// MOUNTPOINT made absolute: resolved when it exists, else against the
+// working directory (the daemon creates it and wants an absolute path).
+std::string Absolute(const std::string& path) {
+  char abs[PATH_MAX];
+  if (::realpath(path.c_str(), abs)) return abs;
+  if (!path.empty() && path[0] == '/') return path;
+  char cwd[PATH_MAX];
+  return ::getcwd(cwd, sizeof cwd) ? JoinPath(cwd, path) : path;
+}
+
 int Fail(const Status& s) {
   std::fprintf(stderr, "lazyfs: %s\n", s.ToString().c_str());
   return 1;
@@ -184,8 +194,7 @@ int main(int argc, char** argv) {
 
   lazyfs::Client client(socket);
   if (mount->parsed()) {
-    char abs[PATH_MAX];
-    std::string mp = ::realpath(mountpoint.c_str(), abs) ? abs : mountpoint;
+    std::string mp = Absolute(mountpoint);
     Status s = lazyfs::EnsureDaemon({socket, options.cache_dir, cache_size});
     if (!s.ok()) return Fail(s);
     auto r = client.Call("POST", "/v1/mount",
@@ -199,8 +208,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (umount->parsed()) {
-    char abs[PATH_MAX];
-    std::string mp = ::realpath(mountpoint.c_str(), abs) ? abs : mountpoint;
+    std::string mp = Absolute(mountpoint);
     if (client.Alive()) {
       auto r = client.Call("POST", "/v1/umount", {{"mountpoint", mp}});
       return r.ok() ? 0 : Fail(r.status());
@@ -213,8 +221,7 @@ int main(int argc, char** argv) {
   if (stats->parsed()) {
     std::string path = "/v1/stats";
     if (!mountpoint.empty()) {
-      char abs[PATH_MAX];
-      path += "?mountpoint=" + std::string(::realpath(mountpoint.c_str(), abs) ? abs : mountpoint);
+      path += "?mountpoint=" + Absolute(mountpoint);
     }
     auto r = client.Call("GET", path);
     if (!r.ok()) return Fail(r.status());
