@@ -98,12 +98,12 @@ int main(int argc, char** argv) {
 
   // Warm: the layer mounted by lazyfs, crun's binary in the page cache.
   for (int i = 0; i < 3; ++i) {
-    std::vector<std::string> args = {launcher, "run", "--layer", "bench:1", "--"};
+    std::vector<std::string> args = {launcher, "run", "--no-daemon", "--layer", "bench:1", "--"};
     args.insert(args.end(), cmd.begin(), cmd.end());
     RunOk({.argv = args, .env = env});
   }
   Figures ours = Measure(runs, [&](int) {
-    std::vector<std::string> args = {launcher, "run", "--layer", "bench:1", "--"};
+    std::vector<std::string> args = {launcher, "run", "--no-daemon", "--layer", "bench:1", "--"};
     args.insert(args.end(), cmd.begin(), cmd.end());
     RunOk({.argv = args, .env = env});
   });

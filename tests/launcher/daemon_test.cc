@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <mutex>
 
 #include "common/http_server.h"
@@ -439,11 +440,10 @@ TEST_F(DaemonTest, ASnapshotStartsNewSandboxesWhereTheAgentLeftOff) {
                                        "test -e /etc/passwd || echo passwd gone; ls /mnt; test -e /tmp/tick && echo tick"}));
   EXPECT_EQ(seen.out, "built\n751 0\n1000:1000\nout\npasswd gone\nfresh\ntick\n") << seen.err;
   ASSERT_OK_AND_ASSIGN(auto ls, Cli({"ls", "--json"}));
-  for (const auto& s : json::parse(ls.out)) {
-    if (s["id"] == next) {
-      EXPECT_EQ(s["layers"].size(), 2u) << ls.out;
-    }
-  }
+  const json listed = json::parse(ls.out);
+  auto found = std::find_if(listed.begin(), listed.end(), [&](const json& s) { return s["id"] == next; });
+  ASSERT_NE(found, listed.end()) << ls.out;
+  EXPECT_EQ((*found)["layers"].size(), 2u) << ls.out;  // the diff and its parent
   // The CLI verb; bad tags and function-call sandboxes are refused by name.
   ASSERT_OK_AND_ASSIGN(auto cli, Cli({"snapshot", next, "--tag", "env:2"}));
   EXPECT_EQ(cli.exit_code, 0) << cli.err;

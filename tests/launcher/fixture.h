@@ -37,7 +37,7 @@ using namespace std::chrono_literals;
 using testing::MakeTempDir;
 
 // A busybox root filesystem: /bin/busybox and a link per applet.
-Status MakeBusyboxTree(const std::string& root) {
+inline Status MakeBusyboxTree(const std::string& root) {
   for (const char* d : {"bin", "proc", "sys", "dev", "tmp", "etc", "root", "mnt"}) STRATA_RETURN_IF_ERROR(MakeDirs(root + "/" + d));
   STRATA_RETURN_IF_ERROR(RunChecked({.argv = {"cp", "/bin/busybox", root + "/bin/busybox"}}, "copy busybox").status());
   STRATA_ASSIGN_OR_RETURN(auto list, RunChecked({.argv = {"/bin/busybox", "--list"}}, "list applets"));
@@ -52,7 +52,7 @@ Status MakeBusyboxTree(const std::string& root) {
   return OkStatus();
 }
 
-std::vector<std::string> Lines(const std::string& path) {
+inline std::vector<std::string> Lines(const std::string& path) {
   std::ifstream in(path);
   std::vector<std::string> out;
   std::string line;
@@ -118,7 +118,10 @@ class SandboxTest : public ::testing::Test {
 
   Digest128 Publish(const std::string& src, const std::string& name, cache::LayerKind kind) {
     auto built = layerctl::BuildLayer({.source = src, .output_dir = dir_.Sub("build-" + name), .kind = kind, .name = name});
-    EXPECT_TRUE(built.ok()) << built.status().ToString();
+    if (!built.ok()) {
+      ADD_FAILURE() << "build " << name << ": " << built.status().ToString();
+      return {};
+    }
     EXPECT_OK(layerctl::Push(*built, *catalog_, cache::LayerRef{name, "1"}).status());
     return built->digest;
   }
