@@ -177,7 +177,8 @@ DoctorCheck CheckUppers(const NodeConfig& node, const DoctorOptions& options) {
   // A loop-file btrfs beside the directory; reused when it exists.
   const std::string image = node.uppers + ".img";
   Status fix = MakeDirs(node.uppers, 0711);
-  if (fix.ok() && ::access(image.c_str(), F_OK) != 0) {
+  const bool create = ::access(image.c_str(), F_OK) != 0;
+  if (fix.ok() && create) {
     auto created = RunChecked({.argv = {"truncate", "-s", std::to_string(options.uppers_size), image}}, "create " + image);
     if (created.ok()) created = RunChecked({.argv = {"mkfs.btrfs", "-q", image}}, "mkfs.btrfs " + image);
     fix = created.status();
@@ -188,8 +189,9 @@ DoctorCheck CheckUppers(const NodeConfig& node, const DoctorOptions& options) {
   if (fix.ok() && CheckUpperFilesystem(node.uppers).code() == ENOTCONN) fix = EnableQuotas(node.uppers);
   if (fix.ok()) fix = CheckUpperFilesystem(node.uppers);
   c.ok = c.fixed = fix.ok();
-  c.detail = fix.ok() ? StrCat("created a btrfs with quotas at ", node.uppers, " on ", image, " (", FormatBytes(options.uppers_size), ", sparse)")
-                      : fix.ToString();
+  if (!fix.ok()) c.detail = fix.ToString();
+  else if (create) c.detail = StrCat("created a btrfs with quotas at ", node.uppers, " on ", image, " (", FormatBytes(options.uppers_size), ", sparse)");
+  else c.detail = StrCat("mounted the existing btrfs ", image, " at ", node.uppers, " (quotas on)");
   return c;
 }
 
