@@ -2,9 +2,6 @@
 #include "common/http_server.h"
 
 #include <microhttpd.h>
-#include <sys/socket.h>
-#include <sys/stat.h>
-#include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -19,6 +16,7 @@
 #include "common/log.h"
 #include "common/strings.h"
 #include "common/unique_fd.h"
+#include "common/unix_socket.h"
 
 namespace strata {
 
@@ -191,28 +189,7 @@ HttpServer::Response HttpServer::ErrorResponse(const Status& status) {
 }
 
 Result<std::unique_ptr<HttpServer>> HttpServer::ListenUnix(const std::string& socket_path, mode_t mode, Handler handler) {
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  if (socket_path.size() >= sizeof addr.sun_path) {
-    return Error(ENAMETOOLONG, StrCat("listen on ", socket_path, ": path longer than ", sizeof addr.sun_path - 1, " bytes"));
-  }
-  std::strcpy(addr.sun_path, socket_path.c_str());
-  UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  if (!fd) return ErrnoError(errno, "create unix socket");
-  // A socket file nobody answers on is a leftover of a dead server.
-  {
-    UniqueFd probe(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
-    if (::connect(probe.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) {
-      return Error(EADDRINUSE, StrCat("listen on ", socket_path, ": another server is answering there"));
-    }
-    ::unlink(socket_path.c_str());
-  }
-  if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
-    return ErrnoError(errno, StrCat("bind ", socket_path));
-  }
-  if (::chmod(socket_path.c_str(), mode) != 0) return ErrnoError(errno, StrCat("chmod ", socket_path));
-  if (::listen(fd.get(), 128) != 0) return ErrnoError(errno, StrCat("listen on ", socket_path));
-
+  STRATA_ASSIGN_OR_RETURN(UniqueFd fd, strata::ListenUnix(socket_path, mode));
   std::unique_ptr<HttpServer> server(new HttpServer());
   server->socket_path_ = socket_path;
   server->impl_ = std::make_unique<Impl>();

@@ -113,6 +113,16 @@ Result<Subprocess> Subprocess::Start(SubprocessOptions options) {
   route(STDOUT_FILENO, options.stdout_mode, &p.stdout_);
   route(STDERR_FILENO, options.stderr_mode, &p.stderr_);
   if (!options.cwd.empty()) posix_spawn_file_actions_addchdir_np(&actions, options.cwd.c_str());
+  // Passed descriptors are first copied above their targets, so no dup2
+  // onto 3, 4, ... overwrites one still to be passed.
+  const int first_free = 3 + static_cast<int>(options.pass_fds.size());
+  std::vector<UniqueFd> passed;
+  for (size_t i = 0; i < options.pass_fds.size() && status.ok(); ++i) {
+    UniqueFd copy(::fcntl(options.pass_fds[i], F_DUPFD_CLOEXEC, first_free));
+    if (!copy) status = ErrnoError(errno, StrCat("pass descriptor ", options.pass_fds[i], " to ", options.argv[0]));
+    else posix_spawn_file_actions_adddup2(&actions, copy.get(), 3 + static_cast<int>(i));
+    passed.push_back(std::move(copy));
+  }
 
   if (status.ok()) {
     std::vector<std::string> env = BuildEnv(options);

@@ -31,6 +31,9 @@ struct SubprocessOptions {
   std::string stdout_file, stderr_file;  // for kFile: appended to, created 0600
   std::optional<std::string> stdin_data;  // nullopt: stdin is /dev/null
   Duration timeout{0};                    // zero: no timeout
+  // Descriptors the child gets at 3, 4, ... in this order (socket
+  // activation); every other descriptor stays close-on-exec.
+  std::vector<int> pass_fds;
 };
 
 struct SubprocessResult {

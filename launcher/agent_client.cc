@@ -1,10 +1,7 @@
 // AgentClient: requests over the agent's unix socket.
 #include "launcher/agent_client.h"
 
-#include <poll.h>
-#include <sys/inotify.h>
 #include <sys/socket.h>
-#include <sys/un.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -14,12 +11,17 @@
 #include "common/fs.h"
 #include "common/strings.h"
 #include "common/unique_fd.h"
+#include "common/unix_socket.h"
 
 namespace strata::launcher {
 
 using nlohmann::json;
 
 namespace {
+
+// A ping or shutdown the agent does not answer in this long: it is stuck
+// (or frozen), and the caller must not hang on it.
+constexpr Duration kControlReplyTimeout = std::chrono::seconds(10);
 
 }  // namespace
 
@@ -53,41 +55,27 @@ Status ParseErrorFrame(std::string_view payload) {
   return Error(j.value("errno", EIO), j.value("error", std::string("unknown error")));
 }
 
-Result<int> AgentClient::Connect() {
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  if (socket_path_.size() >= sizeof addr.sun_path) return Error(ENAMETOOLONG, "agent socket path too long: " + socket_path_);
-  std::strcpy(addr.sun_path, socket_path_.c_str());
-  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return ErrnoError(errno, "agent socket");
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
-    int e = errno;
-    ::close(fd);
-    return ErrnoError(e, "connect to the agent at " + socket_path_);
-  }
-  return fd;
+Result<int> AgentClient::Connect(Duration reply_timeout) {
+  auto fd = ConnectUnix(socket_path_, reply_timeout);
+  if (!fd.ok()) return fd.status().Annotate("the sandbox's agent");
+  return fd->release();
 }
 
 Status AgentClient::WaitReady(Duration wait) {
-  const auto deadline = std::chrono::steady_clock::now() + wait;
-  UniqueFd in(::inotify_init1(IN_CLOEXEC | IN_NONBLOCK));
-  if (in) ::inotify_add_watch(in.get(), Dirname(socket_path_).c_str(), IN_CREATE | IN_MOVED_TO);
-  while (true) {
-    if (::access(socket_path_.c_str(), F_OK) == 0) {
-      auto fd = Connect();
-      if (fd.ok()) {
-        ::close(*fd);
-        return OkStatus();
-      }
-    }
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count();
-    if (left <= 0) return Error(ETIMEDOUT, StrCat("the sandbox's agent did not start listening on ", socket_path_));
-    pollfd p{in ? in.get() : -1, POLLIN, 0};
-    ::poll(&p, 1, static_cast<int>(std::min<int64_t>(left, in ? 100 : 2)));
-    char buf[4096];
-    while (in && ::read(in.get(), buf, sizeof buf) > 0) {
-    }
+  // The socket is bound before the agent runs: a ping queues until the
+  // agent accepts it, and fails at once if everyone holding the socket died.
+  STRATA_ASSIGN_OR_RETURN(int raw, Connect(wait));
+  UniqueFd fd(raw);
+  STRATA_RETURN_IF_ERROR(WriteFrame(fd.get(), Frame::kPing, "{}"));
+  Frame type;
+  std::string payload;
+  Status read = ReadFrame(fd.get(), &type, &payload);
+  if (!read.ok()) {
+    if (read.code() == EAGAIN) return Error(ETIMEDOUT, StrCat("the sandbox's agent did not answer within ", std::chrono::duration_cast<std::chrono::milliseconds>(wait).count(), " ms"));
+    return read.Annotate("the sandbox's agent ended before it answered");
   }
+  if (type != Frame::kOk) return ParseErrorFrame(payload);
+  return OkStatus();
 }
 
 Result<ExecResult> AgentClient::Exec(const ExecRequest& request, const OutputSink& sink) {
@@ -178,7 +166,7 @@ Result<std::string> AgentClient::Get(const std::string& path) {
 }
 
 Result<json> AgentClient::Ping() {
-  STRATA_ASSIGN_OR_RETURN(int raw, Connect());
+  STRATA_ASSIGN_OR_RETURN(int raw, Connect(kControlReplyTimeout));
   UniqueFd fd(raw);
   STRATA_RETURN_IF_ERROR(WriteFrame(fd.get(), Frame::kPing, "{}"));
   Frame type;
@@ -189,7 +177,7 @@ Result<json> AgentClient::Ping() {
 }
 
 Status AgentClient::Shutdown() {
-  STRATA_ASSIGN_OR_RETURN(int raw, Connect());
+  STRATA_ASSIGN_OR_RETURN(int raw, Connect(kControlReplyTimeout));
   UniqueFd fd(raw);
   STRATA_RETURN_IF_ERROR(WriteFrame(fd.get(), Frame::kShutdown, "{}"));
   Frame type;

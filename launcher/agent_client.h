@@ -50,8 +50,8 @@ class AgentClient {
  public:
   explicit AgentClient(std::string socket_path) : socket_path_(std::move(socket_path)) {}
 
-  // Waits (inotify, no polling delay) until the agent's socket exists and
-  // answers, or `wait` passes.
+  // Waits until the agent answers a ping, or `wait` passes. The socket must
+  // exist (the launcher binds it and hands it to the agent).
   Status WaitReady(Duration wait);
   Result<ExecResult> Exec(const ExecRequest& request, const OutputSink& sink);
   Status Put(const std::string& path, std::string_view data, uint32_t mode, std::optional<std::pair<uint32_t, uint32_t>> owner);
@@ -61,7 +61,7 @@ class AgentClient {
   Status Shutdown();
 
  private:
-  Result<int> Connect();
+  Result<int> Connect(Duration reply_timeout = Duration{0});
   std::string socket_path_;
 };
 

@@ -149,7 +149,7 @@ json OciConfig(const ContainerConfig& c) {
        {
            {"terminal", false},
            {"user", {{"uid", 0}, {"gid", 0}}},
-           {"args", {kAgentPath, "--socket", std::string(kAgentSocketDir) + "/" + kAgentSocketName}},
+           {"args", {kAgentPath}},  // its listening socket comes as descriptor 3
            {"env", c.env},
            {"cwd", "/"},
            {"capabilities", {{"bounding", caps}, {"effective", caps}, {"permitted", caps}}},

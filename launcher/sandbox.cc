@@ -17,6 +17,7 @@
 #include "common/fs.h"
 #include "common/log.h"
 #include "common/strings.h"
+#include "common/unix_socket.h"
 #include "launcher/seccomp.h"
 #include "lazyfs/client.h"
 
@@ -309,38 +310,37 @@ Status Sandbox::Start(const SandboxSpec& spec) {
   timer.Step("write bundle");
 
   // 6. The runtime, in the foreground of its own process: when the agent
-  //    exits, `run` deletes the container and its cgroups itself.
-  std::vector<std::string> run = {node_.runtime, "run", "--bundle", dir_, id_};
+  //    exits, `run` deletes the container and its cgroups itself. The agent's
+  //    socket is bound here and handed over (descriptor 3), so the launcher
+  //    can connect at once: no watching for the socket to appear.
+  const std::string socket_path = dir_ + "/agent/" + kAgentSocketName;
+  STRATA_ASSIGN_OR_RETURN(UniqueFd listener, ListenUnix(socket_path, 0600));
+  std::vector<std::string> run = {node_.runtime, "run", "--preserve-fds", "1", "--bundle", dir_, id_};
   if (node_.managed) run.insert(run.begin() + 2, "--detach");  // returns once the agent runs
   STRATA_ASSIGN_OR_RETURN(Subprocess runtime, Subprocess::Start({.argv = run,
                                                                  .stdout_mode = StdStream::kNull,
                                                                  .stderr_mode = StdStream::kFile,
-                                                                 .stderr_file = dir_ + "/runtime.log"}));
+                                                                 .stderr_file = dir_ + "/runtime.log",
+                                                                 .pass_fds = {listener.get()}}));
   runtime_.emplace(std::move(runtime));
-  agent_ = std::make_unique<AgentClient>(dir_ + "/agent/" + kAgentSocketName);
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  bool runtime_returned = false;  // `run --detach` returns once the container runs
-  while (true) {
-    Status ready = agent_->WaitReady(std::chrono::milliseconds(100));
-    if (ready.ok()) break;
-    if (!runtime_returned && !runtime_->Running()) {
-      auto exit = runtime_->Wait();
-      if (!node_.managed || !exit.ok() || !exit->success()) {
-        auto log = ReadFileToString(dir_ + "/runtime.log");
-        std::string text = log.ok() ? *log : "";
-        while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.pop_back();
-        return Error(EIO, StrCat(node_.runtime, " exited before the agent started", text.empty() ? "" : ": " + text));
-      }
-      runtime_returned = true;
-    }
-    if (std::chrono::steady_clock::now() >= deadline) return ready;
+  listener.reset();  // the runtime and then the agent hold it; if they die, a connection fails
+  agent_ = std::make_unique<AgentClient>(socket_path);
+  Status ready = agent_->WaitReady(std::chrono::seconds(30));
+  if (!ready.ok()) {
+    // The runtime's own words say why it failed; give it a moment to exit.
+    for (int i = 0; i < 200 && runtime_->Running(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    auto log = ReadFileToString(dir_ + "/runtime.log");
+    std::string text = log.ok() ? *log : "";
+    while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.pop_back();
+    if (!runtime_->Running() && !text.empty()) return Error(EIO, StrCat(node_.runtime, " failed to start the agent: ", text));
+    return ready.Annotate("start the sandbox's agent");
   }
-  if (node_.managed && !runtime_returned) {
+  if (node_.managed) {
     // `run --detach` returns right after the container started; reap it.
     auto exit = runtime_->Wait();
     if (!exit.ok() || !exit->success()) return Error(EIO, StrCat(node_.runtime, " run --detach failed after the agent started"));
+    runtime_.reset();
   }
-  if (node_.managed) runtime_.reset();
   timer.Step("start runtime and agent");
   return OkStatus();
 }

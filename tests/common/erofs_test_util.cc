@@ -4,10 +4,8 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
-#include <sys/un.h>
 #include <sys/xattr.h>
 #include <unistd.h>
 
@@ -23,6 +21,7 @@
 #include "common/fs.h"
 #include "common/strings.h"
 #include "common/subprocess.h"
+#include "common/unix_socket.h"
 #include "tests/testing/test_util.h"
 
 namespace strata::erofs::testing {
@@ -226,19 +225,7 @@ Result<TreeFeatures> BuildRichTree(const std::string& root) {
 
   // Special files.
   STRATA_RETURN_IF_ERROR(Check(::mkfifo(p("special/fifo").c_str(), 0640), "mkfifo"));
-  {
-    int s = ::socket(AF_UNIX, SOCK_STREAM, 0);
-    if (s >= 0) {
-      sockaddr_un addr{};
-      addr.sun_family = AF_UNIX;
-      std::string sp = p("special/sock");
-      if (sp.size() < sizeof addr.sun_path) {
-        std::memcpy(addr.sun_path, sp.c_str(), sp.size() + 1);
-        (void)::bind(s, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
-      }
-      ::close(s);
-    }
-  }
+  STRATA_RETURN_IF_ERROR(ListenUnix(p("special/sock"), 0755).status());
   if (::mknod(p("special/null").c_str(), S_IFCHR | 0666, makedev(1, 3)) == 0) {
     f.devices = true;
     STRATA_RETURN_IF_ERROR(Check(::mknod(p("special/sda").c_str(), S_IFBLK | 0660, makedev(8, 0)), "mknod"));

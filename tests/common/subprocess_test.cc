@@ -1,9 +1,11 @@
 #include "common/subprocess.h"
 
 #include <gtest/gtest.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 
 #include "tests/testing/test_util.h"
@@ -26,6 +28,29 @@ TEST(SubprocessTest, PassesStdinEnvAndCwd) {
                                            .stdin_data = std::string(200000, 'a')}));
   EXPECT_EQ(r.exit_code, 0);
   EXPECT_EQ(r.out, std::string(200000, 'a') + "hello\n/\n");
+}
+
+TEST(SubprocessTest, PassesDescriptorsInOrderAndNothingElse) {
+  // Two pipes whose write ends land on 3 and 4 in the child; the write ends
+  // here sit at 50 and up, and a third pipe's stays behind.
+  int a[2], b[2], c[2];
+  for (int* p : {a, b, c}) {
+    ASSERT_EQ(::pipe2(p, O_CLOEXEC), 0);
+    int high = ::fcntl(p[1], F_DUPFD_CLOEXEC, 50);
+    ASSERT_GE(high, 50);
+    ::close(p[1]);
+    p[1] = high;
+  }
+  ASSERT_OK_AND_ASSIGN(auto r, RunCommand({.argv = {"sh", "-c", "echo first >&3; echo second >&4; ls /proc/self/fd | tr '\\n' ' '"},
+                                           .pass_fds = {b[1], a[1]}}));
+  char buf[64] = {};
+  ASSERT_GT(::read(b[0], buf, sizeof buf - 1), 0);
+  EXPECT_STREQ(buf, "first\n");
+  std::fill(std::begin(buf), std::end(buf), 0);
+  ASSERT_GT(::read(a[0], buf, sizeof buf - 1), 0);
+  EXPECT_STREQ(buf, "second\n");
+  for (int fd : {a[1], b[1], c[1]}) EXPECT_EQ(r.out.find(" " + std::to_string(fd) + " "), std::string::npos) << r.out;
+  for (int fd : {a[0], b[0], c[0], a[1], b[1], c[1]}) ::close(fd);
 }
 
 TEST(SubprocessTest, TimeoutKillsTheWholeGroup) {

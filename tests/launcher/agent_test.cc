@@ -7,6 +7,7 @@
 
 #include "common/fs.h"
 #include "common/subprocess.h"
+#include "common/unix_socket.h"
 #include "launcher/agent_client.h"
 #include "tests/testing/test_util.h"
 
@@ -18,8 +19,11 @@ using namespace std::chrono_literals;
 class AgentTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto p = Subprocess::Start({.argv = {testing::TestBinaryDir() + "/../../launcher/strata-agent", "--socket", dir_.Sub("agent.sock")},
-                                .stdout_mode = StdStream::kNull, .stderr_mode = StdStream::kInherit});
+    // As the launcher starts it: the socket bound here, handed over as descriptor 3.
+    ASSERT_OK_AND_ASSIGN(UniqueFd listener, ListenUnix(dir_.Sub("agent.sock"), 0600));
+    auto p = Subprocess::Start({.argv = {testing::TestBinaryDir() + "/../../launcher/strata-agent"},
+                                .stdout_mode = StdStream::kNull, .stderr_mode = StdStream::kInherit,
+                                .pass_fds = {listener.get()}});
     ASSERT_TRUE(p.ok());
     agent_.emplace(std::move(*p));
     client_ = std::make_unique<AgentClient>(dir_.Sub("agent.sock"));
@@ -88,6 +92,24 @@ TEST_F(AgentTest, PutsAndGetsFiles) {
   std::string out, err;
   auto bad = Exec({.argv = {"/no/such/binary"}}, &out, &err);
   EXPECT_EQ(bad.status().code(), ENOENT);
+}
+
+TEST_F(AgentTest, WaitingForAGoneAgentFailsAtOnce) {
+  ASSERT_OK(client_->WaitReady(10s));
+  agent_->Kill(SIGKILL);
+  while (agent_->Running()) std::this_thread::sleep_for(1ms);
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_FALSE(client_->WaitReady(10s).ok());
+  EXPECT_FALSE(client_->Ping().ok());
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 2s);
+}
+
+TEST(AgentStartTest, RefusesADescriptorThatIsNotAListeningSocket) {
+  ASSERT_OK_AND_ASSIGN(auto r, RunCommand({.argv = {testing::TestBinaryDir() + "/../../launcher/strata-agent"}}));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("not a listening socket"), std::string::npos) << r.err;
+  ASSERT_OK_AND_ASSIGN(auto usage, RunCommand({.argv = {testing::TestBinaryDir() + "/../../launcher/strata-agent", "--socket", "/x"}}));
+  EXPECT_EQ(usage.exit_code, 2);
 }
 
 }  // namespace

@@ -9,10 +9,8 @@
 #include <sched.h>
 #include <signal.h>
 #include <sys/mount.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
-#include <sys/un.h>
 #include <sys/wait.h>
 #include <sys/xattr.h>
 #include <unistd.h>
@@ -27,6 +25,7 @@
 #include "common/mount.h"
 #include "common/strings.h"
 #include "common/subprocess.h"
+#include "common/unix_socket.h"
 #include "layerctl/builder.h"
 #include "layerctl/publish.h"
 #include "lazyfs/daemon.h"
@@ -666,13 +665,7 @@ TEST_F(BadUpperTest, DeviceNodesAreRefusedUnlessKept) {
 
 TEST_F(BadUpperTest, SocketsAreLeftOutAndHideWhatTheParentsHadThere) {
   for (const std::string& path : {upper_ + "/run.sock", upper_ + "/etc/agent.sock"}) {
-    int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
-    sockaddr_un addr{};
-    addr.sun_family = AF_UNIX;
-    ASSERT_LT(path.size(), sizeof addr.sun_path);
-    std::strcpy(addr.sun_path, path.c_str());
-    ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
-    ::close(fd);
+    ASSERT_OK(ListenUnix(path, 0755).status());
   }
   ASSERT_OK_AND_ASSIGN(PackReport r, PackIt());
   EXPECT_EQ(r.upper.sockets, 2u);

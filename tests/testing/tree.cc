@@ -3,10 +3,8 @@
 
 #include <dirent.h>
 #include <fcntl.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
-#include <sys/un.h>
 #include <sys/xattr.h>
 #include <unistd.h>
 
@@ -18,6 +16,7 @@
 #include "common/fs.h"
 #include "common/hash.h"
 #include "common/strings.h"
+#include "common/unix_socket.h"
 #include "tests/testing/test_util.h"
 
 namespace strata::testing {
@@ -80,17 +79,7 @@ Status MakeRichTree(const std::string& root, const RichTreeOptions& options) {
   STRATA_RETURN_IF_ERROR(Check(::mknod(p("dev/loop9").c_str(), S_IFBLK | 0660, makedev(7, 9)), "mknod"));
   STRATA_RETURN_IF_ERROR(Check(::mknod(p("dev/whiteout").c_str(), S_IFCHR | 0, makedev(0, 0)), "mknod"));
   STRATA_RETURN_IF_ERROR(Check(::mkfifo(p("dev/fifo").c_str(), 0620), "mkfifo"));
-  {
-    int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
-    sockaddr_un addr{};
-    addr.sun_family = AF_UNIX;
-    std::string sock = p("dev/socket");
-    if (sock.size() >= sizeof addr.sun_path) return Error(ENAMETOOLONG, "rich tree: socket path too long");
-    std::strcpy(addr.sun_path, sock.c_str());
-    int rc = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
-    ::close(fd);
-    STRATA_RETURN_IF_ERROR(Check(rc, "bind socket"));
-  }
+  STRATA_RETURN_IF_ERROR(ListenUnix(p("dev/socket"), 0755).status().Annotate("rich tree"));
 
   // Modes and owners.
   struct ModeFile {

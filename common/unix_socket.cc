@@ -1,0 +1,60 @@
+// Unix stream sockets by path.
+#include "common/unix_socket.h"
+
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+
+#include "common/strings.h"
+
+namespace strata {
+
+namespace {
+
+Result<sockaddr_un> Address(const std::string& path, std::string_view step) {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (path.size() >= sizeof addr.sun_path) {
+    return Error(ENAMETOOLONG, StrCat(step, " ", path, ": path longer than ", sizeof addr.sun_path - 1, " bytes"));
+  }
+  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  return addr;
+}
+
+}  // namespace
+
+Result<UniqueFd> ListenUnix(const std::string& path, mode_t mode, int backlog) {
+  STRATA_ASSIGN_OR_RETURN(sockaddr_un addr, Address(path, "listen on"));
+  UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!fd) return ErrnoError(errno, "create unix socket");
+  {
+    UniqueFd probe(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    if (::connect(probe.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) {
+      return Error(EADDRINUSE, StrCat("listen on ", path, ": another server is answering there"));
+    }
+    ::unlink(path.c_str());
+  }
+  if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) return ErrnoError(errno, "bind " + path);
+  if (::chmod(path.c_str(), mode) != 0) return ErrnoError(errno, "chmod " + path);
+  if (::listen(fd.get(), backlog) != 0) return ErrnoError(errno, "listen on " + path);
+  return fd;
+}
+
+Result<UniqueFd> ConnectUnix(const std::string& path, Duration reply_timeout) {
+  STRATA_ASSIGN_OR_RETURN(sockaddr_un addr, Address(path, "connect to"));
+  UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!fd) return ErrnoError(errno, "create unix socket");
+  if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) return ErrnoError(errno, "connect to " + path);
+  if (reply_timeout.count() > 0) {
+    auto us = std::chrono::duration_cast<std::chrono::microseconds>(reply_timeout).count();
+    timeval tv{static_cast<time_t>(us / 1000000), static_cast<suseconds_t>(us % 1000000)};
+    if (::setsockopt(fd.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) != 0) return ErrnoError(errno, "set a reply timeout on " + path);
+  }
+  return fd;
+}
+
+}  // namespace strata

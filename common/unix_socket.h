@@ -1,0 +1,24 @@
+// Unix stream sockets by path: listen (also to hand the socket to another
+// process, as the launcher does for the agent) and connect.
+#pragma once
+
+#include <sys/types.h>
+
+#include <string>
+
+#include "common/status.h"
+#include "common/unique_fd.h"
+#include "common/units.h"
+
+namespace strata {
+
+// Binds and listens on `path` (close-on-exec), chmod'ed to `mode`. A socket
+// file nobody answers on is a leftover and is replaced; one a server still
+// answers on is EADDRINUSE.
+Result<UniqueFd> ListenUnix(const std::string& path, mode_t mode, int backlog = 128);
+
+// Connects to `path` (close-on-exec). A non-zero `reply_timeout` bounds each
+// later read on the connection (SO_RCVTIMEO; a read past it fails EAGAIN).
+Result<UniqueFd> ConnectUnix(const std::string& path, Duration reply_timeout = Duration{0});
+
+}  // namespace strata
