@@ -3,6 +3,7 @@
 
 #include <sys/mount.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <fstream>
 #include <sstream>
@@ -64,16 +65,41 @@ std::string Unescape(const std::string& s) {
 
 }  // namespace
 
-bool IsMountPoint(const std::string& path) {
+std::vector<MountEntry> ListMounts() {
+  std::vector<MountEntry> out;
   std::ifstream in("/proc/self/mountinfo");
   std::string line;
   while (std::getline(in, line)) {
+    // id parent dev root mount-point options [optional fields...] - fstype source super-options
     std::istringstream fields(line);
-    std::string id, parent, dev, root, mount_point;
-    fields >> id >> parent >> dev >> root >> mount_point;
-    if (Unescape(mount_point) == path) return true;
+    std::string id, parent, dev, root, mount_point, options, field;
+    fields >> id >> parent >> dev >> root >> mount_point >> options;
+    while (fields >> field && field != "-") {
+    }
+    MountEntry e;
+    e.mount_point = Unescape(mount_point);
+    fields >> e.fstype >> e.source >> e.super_options;
+    e.source = Unescape(e.source);
+    out.push_back(std::move(e));
+  }
+  return out;
+}
+
+bool IsMountPoint(const std::string& path) {
+  for (const auto& m : ListMounts()) {
+    if (m.mount_point == path) return true;
   }
   return false;
+}
+
+std::vector<std::string> MountsBelow(const std::string& dir) {
+  std::vector<std::string> out;
+  const std::string prefix = dir.ends_with('/') ? dir : dir + "/";
+  for (auto& m : ListMounts()) {
+    if (m.mount_point.starts_with(prefix)) out.push_back(std::move(m.mount_point));
+  }
+  std::stable_sort(out.begin(), out.end(), [](const std::string& a, const std::string& b) { return a.size() > b.size(); });
+  return out;
 }
 
 }  // namespace strata

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "common/status.h"
 
@@ -35,8 +36,18 @@ class MountPoint {
   std::string target_;
 };
 
-// Whether `path` is the root of a mount (its device differs from its parent's,
-// or /proc/self/mountinfo lists it).
+// Whether /proc/self/mountinfo lists `path` as a mount point.
 bool IsMountPoint(const std::string& path);
+
+// One line of /proc/self/mountinfo, unescaped.
+struct MountEntry {
+  std::string mount_point;
+  std::string fstype;
+  std::string source;
+  std::string super_options;  // the filesystem's own options, comma-separated
+};
+std::vector<MountEntry> ListMounts();
+// Mount points strictly below `dir`, deepest first (the order to unmount in).
+std::vector<std::string> MountsBelow(const std::string& dir);
 
 }  // namespace strata

@@ -12,6 +12,7 @@
 
 #include "common/fs.h"
 #include "common/log.h"
+#include "common/mount.h"
 #include "common/strings.h"
 
 namespace strata::lazyfs {
@@ -40,21 +41,6 @@ std::string HostName() {
   std::string out;
   for (char c : std::string(host)) out.push_back(std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '.' ? c : '_');
   return out.empty() || out[0] == '.' || out[0] == '-' ? "node" : out;
-}
-
-// Mount points below `dir` in /proc/self/mountinfo, deepest first.
-std::vector<std::string> MountsBelow(const std::string& dir) {
-  std::vector<std::string> out;
-  std::ifstream in("/proc/self/mountinfo");
-  std::string line;
-  while (std::getline(in, line)) {
-    std::istringstream f(line);
-    std::string id, parent, dev, root, mp;
-    f >> id >> parent >> dev >> root >> mp;
-    if (mp.starts_with(dir + "/")) out.push_back(mp);
-  }
-  std::sort(out.begin(), out.end(), [](const std::string& a, const std::string& b) { return a.size() > b.size(); });
-  return out;
 }
 
 json StatsJson(const LayerStats& s) {

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "cache/catalog.h"
+#include "common/mount.h"
 #include "layerctl/builder.h"
 #include "layerctl/publish.h"
 #include "lazyfs/daemon.h"
@@ -24,20 +25,7 @@ namespace strata::lazyfs {
 
 using namespace std::chrono_literals;
 
-// No lazyfs-made mount may outlive a test, pass or fail.
-inline std::vector<std::string> MountsUnder(const std::string& dir) {
-  std::vector<std::string> out;
-  std::ifstream in("/proc/self/mountinfo");
-  std::string line;
-  while (std::getline(in, line)) {
-    std::istringstream f(line);
-    std::string id, parent, dev, root, mp;
-    f >> id >> parent >> dev >> root >> mp;
-    if (mp.starts_with(dir)) out.push_back(mp);
-  }
-  return out;
-}
-
+// No lazyfs-made mount may outlive a test, pass or fail (TearDown checks).
 class LazyfsTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -53,7 +41,7 @@ class LazyfsTest : public ::testing::Test {
 
   void TearDown() override {
     daemon_.reset();
-    for (const auto& mp : MountsUnder(dir_.path())) {
+    for (const auto& mp : MountsBelow(dir_.path())) {
       ADD_FAILURE() << "mount left behind: " << mp;
       ::umount2(mp.c_str(), MNT_DETACH);
     }

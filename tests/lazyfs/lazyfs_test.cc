@@ -247,7 +247,7 @@ TEST_F(LazyfsTest, CommandLineStartsTheDaemonAndSurvivesItsDeath) {
   for (int i = 0; i < 200 && ::kill(pid, 0) == 0; ++i) std::this_thread::sleep_for(20ms);
   EXPECT_NE(::kill(pid, 0), 0);
   EXPECT_FALSE(IsMountPoint(dir_.Sub("m3")));
-  EXPECT_TRUE(MountsUnder(dir_.path()).empty());
+  EXPECT_TRUE(MountsBelow(dir_.path()).empty());
 }
 
 }  // namespace

@@ -44,19 +44,6 @@ using testing::RandomBytes;
 constexpr uint32_t kShift = 100000;
 const IdMapping kSandboxIds{0, kShift, 65536};
 
-std::vector<std::string> MountsUnder(const std::string& dir) {
-  std::vector<std::string> out;
-  std::ifstream in("/proc/self/mountinfo");
-  std::string line;
-  while (std::getline(in, line)) {
-    std::istringstream f(line);
-    std::string id, parent, dev, root, mp;
-    f >> id >> parent >> dev >> root >> mp;
-    if (mp.starts_with(dir)) out.push_back(mp);
-  }
-  return out;
-}
-
 // A busybox root filesystem: /bin/busybox and a link per applet.
 Status MakeBusyboxTree(const std::string& root) {
   for (const char* d : {"bin", "tmp", "etc", "root"}) STRATA_RETURN_IF_ERROR(MakeDirs(root + "/" + d));
@@ -133,7 +120,7 @@ class PackdiffTest : public ::testing::Test {
       scratch_mounts_.pop_back();
     }
     daemon_.reset();
-    for (const auto& mp : MountsUnder(dir_.path())) {
+    for (const auto& mp : MountsBelow(dir_.path())) {
       ADD_FAILURE() << "mount left behind: " << mp;
       ::umount2(mp.c_str(), MNT_DETACH);
     }
