@@ -2,16 +2,16 @@
 // over a stream (a unix socket for containers, a virtio port for VMs).
 // docs/protocol.md describes it for other implementations.
 //
-// Every message is a frame: a 1-byte type, a 4-byte little-endian payload
-// length, then the payload (at most kMaxFrame bytes). Control payloads are
-// JSON objects; data payloads are raw bytes. One connection carries one
-// request and its answers.
+// Every message is a frame (common/frame.h). Control payloads are JSON
+// objects; data payloads are raw bytes. One connection carries one request
+// and its answers.
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <string_view>
 
+#include "common/frame.h"
 #include "common/status.h"
 
 namespace strata::launcher {
@@ -40,18 +40,18 @@ enum class Frame : uint8_t {
   kDataEnd = 33,
 };
 
-inline constexpr uint32_t kMaxFrame = 1 << 20;
-inline constexpr size_t kFrameHeader = 5;
-
-// Reads/writes one frame on a blocking descriptor. ReadFrame returns ENODATA
-// at a clean end of stream (before any byte of a frame).
-Status WriteFrame(int fd, Frame type, std::string_view payload);
-Status ReadFrame(int fd, Frame* type, std::string* payload);
-
-// The same frames in memory (the daemon relays them over HTTP): one frame's
-// bytes; and the first whole frame of `buffer`, returning the bytes it took
-// (0 while the frame is incomplete).
-std::string EncodeFrame(Frame type, std::string_view payload);
-Result<size_t> DecodeFrame(std::string_view buffer, Frame* type, std::string_view* payload);
+// One frame of the agent protocol (common/frame.h).
+inline Status WriteFrame(int fd, Frame type, std::string_view payload) {
+  return strata::WriteFrame(fd, static_cast<uint8_t>(type), payload);
+}
+inline Status ReadFrame(int fd, Frame* type, std::string* payload) {
+  return strata::ReadFrame(fd, reinterpret_cast<uint8_t*>(type), payload);
+}
+inline std::string EncodeFrame(Frame type, std::string_view payload) {
+  return strata::EncodeFrame(static_cast<uint8_t>(type), payload);
+}
+inline Result<size_t> DecodeFrame(std::string_view buffer, Frame* type, std::string_view* payload) {
+  return strata::DecodeFrame(buffer, reinterpret_cast<uint8_t*>(type), payload);
+}
 
 }  // namespace strata::launcher

@@ -563,7 +563,7 @@ std::string SandboxManager::Metrics() {
   };
   uint64_t layer_mounts = 0, cache_bytes = 0;
   lazyfs::Client lazyfs(node_.lazyfs_socket);
-  if (auto stats = lazyfs.Call("GET", "/v1/stats"); stats.ok()) {
+  if (auto stats = lazyfs.Call("stats"); stats.ok()) {
     layer_mounts = (*stats)["layers"].size();
     cache_bytes = (*stats)["cache"].value("bytes", uint64_t{0});
   }

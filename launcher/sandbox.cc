@@ -108,7 +108,7 @@ void KillRuntimeStragglers(const std::string& bundle) {
 Status ReleaseLayers(lazyfs::Client& client, const std::string& holder, const std::vector<Digest128>& digests) {
   json list = json::array();
   for (const auto& d : digests) list.push_back(d.Hex());
-  auto r = client.Call("POST", "/v1/release", {{"digests", list}, {"holder", holder}});
+  auto r = client.Call("release", {{"digests", list}, {"holder", holder}});
   if (!r.ok() && r.status().code() != ENOENT) return r.status().Annotate("release layers");
   return OkStatus();
 }
@@ -226,11 +226,11 @@ Status Sandbox::Start(const SandboxSpec& spec) {
   // Held from here on: the daemon may have taken them even when its answer
   // is lost, and releasing what it does not hold is fine.
   for (const auto& layer : stack_) held_.push_back(layer.digest);
-  auto acquired = lazyfs.Call("POST", "/v1/acquire", acquire);
+  auto acquired = lazyfs.Call("acquire", acquire);
   if (!acquired.ok() && (acquired.status().code() == ECONNREFUSED || acquired.status().code() == ENOENT) &&
       !lazyfs.Alive()) {
     STRATA_RETURN_IF_ERROR(lazyfs::EnsureDaemon({node_.lazyfs_socket, node_.cache_dir, ""}));
-    acquired = lazyfs.Call("POST", "/v1/acquire", acquire);
+    acquired = lazyfs.Call("acquire", acquire);
   }
   if (!acquired.ok()) return acquired.status().Annotate("mount layers");
   std::vector<std::string> lowers;  // top first, as overlayfs wants them

@@ -1,11 +1,11 @@
-// lazyfs client: JSON over the daemon's unix socket.
+// lazyfs client: requests on the daemon's control socket.
 #include "lazyfs/client.h"
 
 #include <unistd.h>
 
 #include <thread>
 
-#include "cache/http_client.h"
+#include "common/control_socket.h"
 #include "common/fs.h"
 #include "common/strings.h"
 #include "common/subprocess.h"
@@ -14,37 +14,12 @@ namespace strata::lazyfs {
 
 using nlohmann::json;
 
-Client::Client(std::string socket_path) : socket_path_(std::move(socket_path)) {
-  cache::HttpOptions options;
-  options.unix_socket = socket_path_;
-  options.attempts = 1;  // a local daemon: no retries, but mounts may take a while
-  options.connect_timeout = std::chrono::seconds(2);
-  options.attempt_timeout = std::chrono::seconds(300);
-  options.deadline = std::chrono::seconds(300);
-  http_ = std::make_unique<cache::HttpClient>("lazyfs daemon " + socket_path_, options);
+Result<json> Client::Call(std::string_view op, const json& args) {
+  // Mounting fetches a layer's metadata, which may take a while.
+  return ControlCall(socket_path_, op, args, std::chrono::seconds(300));
 }
 
-Client::~Client() = default;
-
-Result<json> Client::Call(const std::string& method, const std::string& path, const json& body) {
-  std::string text = body.is_null() ? std::string() : body.dump();
-  cache::HttpRequest request;
-  request.method = method;
-  request.url = "http://lazyfs" + path;
-  request.body = text;
-  if (!text.empty()) request.headers.push_back("Content-Type: application/json");
-  STRATA_ASSIGN_OR_RETURN(cache::HttpResponse response, http_->Perform(request, method + " " + path));
-  json j = json::parse(response.body.empty() ? "{}" : response.body, nullptr, false);
-  if (response.status / 100 != 2) {
-    std::string message = j.is_object() && j.contains("error") ? j["error"].get<std::string>() : response.status_line;
-    int code = j.is_object() && j.contains("errno") && j["errno"].is_number_integer() ? j["errno"].get<int>() : EIO;
-    return Error(code, message);
-  }
-  if (j.is_discarded()) return Error(EIO, StrCat("lazyfs daemon ", socket_path_, ": answer is not JSON"));
-  return j;
-}
-
-bool Client::Alive() { return ::access(socket_path_.c_str(), F_OK) == 0 && Call("GET", "/v1/health").ok(); }
+bool Client::Alive() { return ::access(socket_path_.c_str(), F_OK) == 0 && Call("health").ok(); }
 
 std::string FindLazyfsExecutable() {
   char self[4096];

@@ -2,7 +2,6 @@
 // first use.
 #pragma once
 
-#include <memory>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -10,26 +9,22 @@
 #include "common/status.h"
 #include "common/units.h"
 
-namespace strata::cache {
-class HttpClient;
-}
-
 namespace strata::lazyfs {
 
 class Client {
  public:
-  explicit Client(std::string socket_path);
-  ~Client();
+  explicit Client(std::string socket_path) : socket_path_(std::move(socket_path)) {}
 
-  // Sends a JSON request; a non-2xx answer becomes the daemon's error.
-  Result<nlohmann::json> Call(const std::string& method, const std::string& path, const nlohmann::json& body = {});
+  // Sends one request (docs/architecture.md lists them: health, stats,
+  // mount, umount, acquire, release); an error answer becomes the daemon's
+  // error, with its errno.
+  Result<nlohmann::json> Call(std::string_view op, const nlohmann::json& args = nlohmann::json::object());
   // Whether a daemon answers on the socket.
   bool Alive();
   const std::string& socket_path() const { return socket_path_; }
 
  private:
   std::string socket_path_;
-  std::unique_ptr<cache::HttpClient> http_;
 };
 
 struct DaemonLaunch {

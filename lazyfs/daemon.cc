@@ -53,12 +53,6 @@ json StatsJson(const LayerStats& s) {
           {"read_errors", s.read_errors}};
 }
 
-Result<json> ParseBody(const std::string& body) {
-  json j = json::parse(body.empty() ? "{}" : body, nullptr, false);
-  if (j.is_discarded() || !j.is_object()) return Error(EINVAL, "request body is not a JSON object");
-  return j;
-}
-
 }  // namespace
 
 Daemon::Daemon(const DaemonOptions& options) : options_(options), state_dir_(StateDirFor(options.socket_path)) {}
@@ -91,8 +85,8 @@ Status Daemon::Init() {
   STRATA_ASSIGN_OR_RETURN(cache_, cache::ChunkCache::Open(cache_options));
   STRATA_ASSIGN_OR_RETURN(fs_, LayerFs::Mount(state_dir_ + "/fuse", !options_.erofs_directio));
   STRATA_RETURN_IF_ERROR(MakeDirs(Dirname(options_.socket_path)));
-  STRATA_ASSIGN_OR_RETURN(server_, HttpServer::ListenUnix(options_.socket_path, 0600,
-                                                          [this](const HttpServer::Request& r) { return Handle(r); }));
+  STRATA_ASSIGN_OR_RETURN(server_, ControlServer::ListenUnix(options_.socket_path, 0600,
+                                                             [this](const ControlRequest& r) { return Handle(r); }));
   maintainer_ = std::thread([this] { Maintain(); });
   return OkStatus();
 }
@@ -444,55 +438,35 @@ void Daemon::Maintain() {
   }
 }
 
-HttpServer::Response Daemon::Handle(const HttpServer::Request& request) {
+Result<json> Daemon::Handle(const ControlRequest& request) {
   // The socket is 0600 and owned by root; check the peer anyway.
   if (request.peer_uid != 0 && request.peer_uid != ::geteuid()) {
-    return HttpServer::ErrorResponse(Error(EACCES, "lazyfs: only root may use this socket"));
+    return Error(EACCES, "lazyfs: only root may use this socket");
   }
-  auto reply = [](Result<json> r) {
-    if (!r.ok()) return HttpServer::ErrorResponse(r.status());
-    HttpServer::Response response;
-    response.body = r->dump();
-    return response;
-  };
-  auto body = ParseBody(request.body);
-  if (!body.ok()) return HttpServer::ErrorResponse(body.status());
-  const json& j = *body;
+  const json& j = request.args;
   auto str = [&](const char* key) { return j.contains(key) && j[key].is_string() ? j[key].get<std::string>() : std::string(); };
+  const std::string& op = request.op;
 
-  if (request.method == "GET" && request.path == "/v1/health") {
-    return reply(json{{"ok", true}, {"pid", ::getpid()}});
+  if (op == "health") return json{{"ok", true}, {"pid", ::getpid()}};
+  if (op == "stats") return Stats(str("mountpoint"));
+  if (op == "mount") {
+    STRATA_ASSIGN_OR_RETURN(MountMode mode, ParseMountMode(str("mode")));
+    STRATA_ASSIGN_OR_RETURN(auto h, MountAt(str("ref"), str("store"), str("mountpoint"), j.value("record", false), mode));
+    return json{{"digest", h.digest.Hex()}, {"path", h.path}, {"mountpoint", str("mountpoint")}, {"mode", MountModeName(h.mode)}};
   }
-  if (request.method == "GET" && request.path == "/v1/stats") {
-    auto it = request.query.find("mountpoint");
-    return reply(Stats(it == request.query.end() ? "" : it->second));
+  if (op == "umount") {
+    STRATA_RETURN_IF_ERROR(UnmountAt(str("mountpoint")));
+    return json::object();
   }
-  if (request.method == "POST" && request.path == "/v1/mount") {
-    auto mode = ParseMountMode(str("mode"));
-    if (!mode.ok()) return HttpServer::ErrorResponse(mode.status());
-    auto h = MountAt(str("ref"), str("store"), str("mountpoint"), j.value("record", false), *mode);
-    if (!h.ok()) return HttpServer::ErrorResponse(h.status());
-    return reply(json{{"digest", h->digest.Hex()},
-                      {"path", h->path},
-                      {"mountpoint", str("mountpoint")},
-                      {"mode", MountModeName(h->mode)}});
-  }
-  if (request.method == "POST" && request.path == "/v1/umount") {
-    Status s = UnmountAt(str("mountpoint"));
-    if (!s.ok()) return HttpServer::ErrorResponse(s);
-    return reply(json::object());
-  }
-  if (request.method == "POST" && request.path == "/v1/acquire") {
+  if (op == "acquire") {
     // "ref" (one layer) or "refs" (a stack, in one round trip): all or none.
-    if (str("holder").empty()) return HttpServer::ErrorResponse(Error(EINVAL, "acquire: holder is required"));
+    if (str("holder").empty()) return Error(EINVAL, "acquire: holder is required");
     std::optional<IdMapping> idmap;
     if (!str("idmap").empty()) {
-      auto m = IdMapping::Parse(str("idmap"));
-      if (!m.ok()) return HttpServer::ErrorResponse(m.status());
-      idmap = *m;
+      STRATA_ASSIGN_OR_RETURN(IdMapping m, IdMapping::Parse(str("idmap")));
+      idmap = m;
     }
-    auto mode = ParseMountMode(str("mode"));
-    if (!mode.ok()) return HttpServer::ErrorResponse(mode.status());
+    STRATA_ASSIGN_OR_RETURN(MountMode mode, ParseMountMode(str("mode")));
     std::vector<std::string> refs;
     if (j.contains("refs") && j["refs"].is_array()) {
       for (const auto& r : j["refs"]) refs.push_back(r.is_string() ? r.get<std::string>() : "");
@@ -502,19 +476,19 @@ HttpServer::Response Daemon::Handle(const HttpServer::Request& request) {
     json layers = json::array();
     std::vector<Digest128> taken;
     for (const auto& ref : refs) {
-      auto h = Acquire(ref, str("store"), str("holder"), idmap, *mode);
+      auto h = Acquire(ref, str("store"), str("holder"), idmap, mode);
       if (!h.ok()) {
         for (const auto& d : taken) Release(d, str("holder")).IgnoreError();
-        return HttpServer::ErrorResponse(h.status());
+        return h.status();
       }
       taken.push_back(h->digest);
       layers.push_back({{"digest", h->digest.Hex()}, {"path", h->path}, {"mode", MountModeName(h->mode)}});
     }
     json answer = layers.size() == 1 ? layers[0] : json::object();
     answer["layers"] = layers;
-    return reply(answer);
+    return answer;
   }
-  if (request.method == "POST" && request.path == "/v1/release") {
+  if (op == "release") {
     // "digest" or "digests"; releasing what is not held is reported.
     std::vector<std::string> digests;
     if (j.contains("digests") && j["digests"].is_array()) {
@@ -528,10 +502,10 @@ HttpServer::Response Daemon::Handle(const HttpServer::Request& request) {
       Status s = digest ? Release(*digest, str("holder")) : Error(EINVAL, "release: digest is not 32 hex digits");
       if (!s.ok() && first.ok()) first = s;
     }
-    if (!first.ok()) return HttpServer::ErrorResponse(first);
-    return reply(json::object());
+    STRATA_RETURN_IF_ERROR(first);
+    return json::object();
   }
-  return HttpServer::ErrorResponse(Error(ENOENT, StrCat("lazyfs: no API ", request.method, " ", request.path)));
+  return Error(ENOENT, StrCat("lazyfs: no request \"", op, "\" (health, stats, mount, umount, acquire, release)"));
 }
 
 }  // namespace strata::lazyfs

@@ -29,7 +29,7 @@
 
 #include "cache/catalog.h"
 #include "cache/chunk_cache.h"
-#include "common/http_server.h"
+#include "common/control_socket.h"
 #include "common/idmap.h"
 #include "common/mount.h"
 #include "common/unique_fd.h"
@@ -126,7 +126,7 @@ class Daemon {
 
   explicit Daemon(const DaemonOptions& options);
   Status Init();
-  HttpServer::Response Handle(const HttpServer::Request& request);
+  Result<nlohmann::json> Handle(const ControlRequest& request);
   Result<std::shared_ptr<cache::Catalog>> CatalogFor(const std::string& store_url);
   Status Load(LayerEntry& entry, const LayerKey& key);
   Result<std::string> IdmappedView(LayerEntry& entry, const Digest128& digest, const IdMapping& idmap);
@@ -149,7 +149,7 @@ class Daemon {
   std::condition_variable stop_cv_;
   bool stopping_ = false;
   std::thread maintainer_;
-  std::unique_ptr<HttpServer> server_;  // last: stopped first
+  std::unique_ptr<ControlServer> server_;  // last: stopped first
 };
 
 }  // namespace strata::lazyfs

@@ -197,7 +197,7 @@ int main(int argc, char** argv) {
     std::string mp = Absolute(mountpoint);
     Status s = lazyfs::EnsureDaemon({socket, options.cache_dir, cache_size});
     if (!s.ok()) return Fail(s);
-    auto r = client.Call("POST", "/v1/mount",
+    auto r = client.Call("mount",
                          {{"ref", ref},
                           {"store", cache::DefaultStoreUrl(store)},
                           {"mountpoint", mp},
@@ -210,7 +210,7 @@ int main(int argc, char** argv) {
   if (umount->parsed()) {
     std::string mp = Absolute(mountpoint);
     if (client.Alive()) {
-      auto r = client.Call("POST", "/v1/umount", {{"mountpoint", mp}});
+      auto r = client.Call("umount", {{"mountpoint", mp}});
       return r.ok() ? 0 : Fail(r.status());
     }
     // No daemon: whatever is mounted there only answers errors now.
@@ -219,11 +219,7 @@ int main(int argc, char** argv) {
     return s.ok() ? 0 : Fail(s);
   }
   if (stats->parsed()) {
-    std::string path = "/v1/stats";
-    if (!mountpoint.empty()) {
-      path += "?mountpoint=" + Absolute(mountpoint);
-    }
-    auto r = client.Call("GET", path);
+    auto r = client.Call("stats", mountpoint.empty() ? json::object() : json{{"mountpoint", Absolute(mountpoint)}});
     if (!r.ok()) return Fail(r.status());
     if (as_json) std::cout << r->dump() << "\n";
     else PrintStats(*r);

@@ -257,16 +257,16 @@ class Lazyfs final : public Target {
       ::usleep(5000);
     }
     auto t0 = Clock::now();
-    Check(client_->Call("POST", "/v1/mount",
+    Check(client_->Call("mount",
                         {{"ref", "bench:1"}, {"store", store_url_}, {"mountpoint", mountpoint_}, {"mode", mode_}}));
     return Seconds(Clock::now() - t0);
   }
   void Down() override {
-    Check(client_->Call("POST", "/v1/umount", {{"mountpoint", mountpoint_}}));
+    Check(client_->Call("umount", {{"mountpoint", mountpoint_}}));
     StopDaemon();
   }
   json Stats() override {
-    json s = Check(client_->Call("GET", "/v1/stats"));
+    json s = Check(client_->Call("stats"));
     if (s["layers"].size() != 1) Check(Error(EIO, "lazyfs stats: expected one layer: " + s.dump()));
     return s["layers"][0];
   }

@@ -95,7 +95,7 @@ class SandboxTest : public ::testing::Test {
     // Stop the lazyfs daemon the launcher started for this test.
     lazyfs::Client client(dir_.Sub("lazyfs.sock"));
     if (client.Alive()) {
-      auto stats = client.Call("GET", "/v1/stats");
+      auto stats = client.Call("stats");
       if (stats.ok()) {
         pid_t pid = (*stats)["pid"].get<pid_t>();
         ::kill(pid, SIGTERM);

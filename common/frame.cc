@@ -1,5 +1,5 @@
-// Agent protocol framing.
-#include "launcher/agent_protocol.h"
+// Frames on a stream.
+#include "common/frame.h"
 
 #include <sys/socket.h>
 #include <sys/uio.h>
@@ -10,10 +10,10 @@
 
 #include "common/strings.h"
 
-namespace strata::launcher {
+namespace strata {
 
 namespace {
-void PutHeader(char* header, Frame type, size_t len) {
+void PutHeader(char* header, uint8_t type, size_t len) {
   header[0] = static_cast<char>(type);
   for (int i = 0; i < 4; ++i) header[1 + i] = static_cast<char>(static_cast<uint32_t>(len) >> (8 * i));
 }
@@ -21,29 +21,29 @@ void PutHeader(char* header, Frame type, size_t len) {
 Result<uint32_t> HeaderLength(const char* header) {
   uint32_t len = 0;
   for (int i = 0; i < 4; ++i) len |= static_cast<uint32_t>(static_cast<uint8_t>(header[1 + i])) << (8 * i);
-  if (len > kMaxFrame) return Error(EMSGSIZE, StrCat("agent frame of ", len, " bytes is too large"));
+  if (len > kMaxFrame) return Error(EMSGSIZE, StrCat("frame of ", len, " bytes is too large"));
   return len;
 }
 }  // namespace
 
-std::string EncodeFrame(Frame type, std::string_view payload) {
+std::string EncodeFrame(uint8_t type, std::string_view payload) {
   std::string out(kFrameHeader, '\0');
   PutHeader(out.data(), type, payload.size());
   out.append(payload);
   return out;
 }
 
-Result<size_t> DecodeFrame(std::string_view buffer, Frame* type, std::string_view* payload) {
+Result<size_t> DecodeFrame(std::string_view buffer, uint8_t* type, std::string_view* payload) {
   if (buffer.size() < kFrameHeader) return size_t{0};
   STRATA_ASSIGN_OR_RETURN(uint32_t len, HeaderLength(buffer.data()));
   if (buffer.size() - kFrameHeader < len) return size_t{0};
-  *type = static_cast<Frame>(static_cast<uint8_t>(buffer[0]));
+  *type = static_cast<uint8_t>(buffer[0]);
   *payload = buffer.substr(kFrameHeader, len);
   return kFrameHeader + len;
 }
 
-Status WriteFrame(int fd, Frame type, std::string_view payload) {
-  if (payload.size() > kMaxFrame) return Error(EMSGSIZE, StrCat("agent frame of ", payload.size(), " bytes is too large"));
+Status WriteFrame(int fd, uint8_t type, std::string_view payload) {
+  if (payload.size() > kMaxFrame) return Error(EMSGSIZE, StrCat("frame of ", payload.size(), " bytes is too large"));
   char header[kFrameHeader];
   PutHeader(header, type, payload.size());
   iovec iov[2] = {{header, sizeof header}, {const_cast<char*>(payload.data()), payload.size()}};
@@ -68,7 +68,7 @@ Status WriteFrame(int fd, Frame type, std::string_view payload) {
     if (w < 0) {
       if (errno == EINTR) continue;
       if (errno == ENOTSOCK) w = ::writev(fd, rest, n);  // a pipe or a serial port
-      if (w < 0) return ErrnoError(errno, "send agent frame");
+      if (w < 0) return ErrnoError(errno, "send frame");
     }
     done += static_cast<size_t>(w);
   }
@@ -82,14 +82,14 @@ Status ReadExactly(int fd, char* buf, size_t n, bool* clean_eof) {
     ssize_t r = ::read(fd, buf + done, n - done);
     if (r < 0) {
       if (errno == EINTR) continue;
-      return ErrnoError(errno, "read agent frame");
+      return ErrnoError(errno, "read frame");
     }
     if (r == 0) {
       if (done == 0 && clean_eof) {
         *clean_eof = true;
-        return Error(ENODATA, "agent connection closed");
+        return Error(ENODATA, "connection closed");
       }
-      return Error(EPIPE, "agent connection closed in the middle of a frame");
+      return Error(EPIPE, "connection closed in the middle of a frame");
     }
     done += static_cast<size_t>(r);
   }
@@ -97,14 +97,14 @@ Status ReadExactly(int fd, char* buf, size_t n, bool* clean_eof) {
 }
 }  // namespace
 
-Status ReadFrame(int fd, Frame* type, std::string* payload) {
+Status ReadFrame(int fd, uint8_t* type, std::string* payload) {
   char header[kFrameHeader];
   bool eof = false;
   STRATA_RETURN_IF_ERROR(ReadExactly(fd, header, sizeof header, &eof));
   STRATA_ASSIGN_OR_RETURN(uint32_t len, HeaderLength(header));
-  *type = static_cast<Frame>(static_cast<uint8_t>(header[0]));
+  *type = static_cast<uint8_t>(header[0]);
   payload->resize(len);
   return ReadExactly(fd, payload->data(), len, nullptr);
 }
 
-}  // namespace strata::launcher
+}  // namespace strata

@@ -1,0 +1,116 @@
+// Node-local control sockets: JSON requests and answers in frames.
+#include "common/control_socket.h"
+
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "common/frame.h"
+#include "common/log.h"
+#include "common/strings.h"
+#include "common/unix_socket.h"
+
+namespace strata {
+
+using nlohmann::json;
+
+namespace {
+
+enum : uint8_t { kRequest = 1, kAnswer = 2, kError = 3 };
+
+}  // namespace
+
+Result<std::unique_ptr<ControlServer>> ControlServer::ListenUnix(const std::string& socket_path, mode_t mode,
+                                                                 ControlHandler handler) {
+  STRATA_ASSIGN_OR_RETURN(UniqueFd listener, strata::ListenUnix(socket_path, mode));
+  std::unique_ptr<ControlServer> server(new ControlServer());
+  server->socket_path_ = socket_path;
+  server->handler_ = std::move(handler);
+  server->listener_ = std::move(listener);
+  server->acceptor_ = std::thread([s = server.get()] { s->AcceptLoop(); });
+  return server;
+}
+
+ControlServer::~ControlServer() {
+  stopping_ = true;
+  ::shutdown(listener_.get(), SHUT_RDWR);  // wakes accept()
+  if (acceptor_.joinable()) acceptor_.join();
+  std::unique_lock lock(mu_);
+  idle_.wait(lock, [&] { return running_ == 0; });
+  ::unlink(socket_path_.c_str());
+}
+
+void ControlServer::AcceptLoop() {
+  while (!stopping_) {
+    int fd = ::accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno == EINTR || errno == ECONNABORTED) continue;
+      if (!stopping_) STRATA_LOG(kError) << "control socket " << socket_path_ << ": accept: " << std::strerror(errno);
+      return;
+    }
+    if (stopping_) {
+      ::close(fd);
+      return;
+    }
+    std::lock_guard lock(mu_);
+    ++running_;
+    std::thread([this, fd] {
+      Serve(UniqueFd(fd));
+      std::lock_guard done(mu_);
+      if (--running_ == 0) idle_.notify_all();
+    }).detach();
+  }
+}
+
+void ControlServer::Serve(UniqueFd conn) {
+  ControlRequest request;
+  ucred cred{};
+  socklen_t len = sizeof cred;
+  if (::getsockopt(conn.get(), SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0) {
+    request.peer_uid = cred.uid;
+    request.peer_gid = cred.gid;
+    request.peer_pid = cred.pid;
+  }
+  uint8_t type = 0;
+  std::string payload;
+  Result<json> answer = Error(EPROTO, "control socket: malformed request");
+  if (ReadFrame(conn.get(), &type, &payload).ok() && type == kRequest) {
+    json j = json::parse(payload, nullptr, false);
+    if (j.is_object() && j.contains("op") && j["op"].is_string()) {
+      request.op = j["op"].get<std::string>();
+      request.args = j.contains("args") && j["args"].is_object() ? j["args"] : json::object();
+      try {
+        answer = handler_(request);
+      } catch (const std::exception& e) {
+        answer = Error(EIO, StrCat(request.op, ": ", e.what()));
+      }
+    }
+  }
+  if (answer.ok()) {
+    WriteFrame(conn.get(), kAnswer, answer->dump()).IgnoreError();
+  } else {
+    json error = {{"error", answer.status().ToString()}, {"errno", answer.status().code()}};
+    WriteFrame(conn.get(), kError, error.dump()).IgnoreError();
+  }
+}
+
+Result<json> ControlCall(const std::string& socket_path, std::string_view op, const json& args, Duration timeout) {
+  STRATA_ASSIGN_OR_RETURN(UniqueFd fd, ConnectUnix(socket_path, timeout));
+  json request = {{"op", op}, {"args", args.is_object() ? args : json::object()}};
+  STRATA_RETURN_IF_ERROR(WriteFrame(fd.get(), kRequest, request.dump()).Annotate(StrCat(op, " on ", socket_path)));
+  uint8_t type = 0;
+  std::string payload;
+  Status read = ReadFrame(fd.get(), &type, &payload);
+  if (!read.ok()) {
+    if (read.code() == EAGAIN) return Error(ETIMEDOUT, StrCat(op, " on ", socket_path, ": no answer in time"));
+    return read.Annotate(StrCat(op, " on ", socket_path));
+  }
+  json j = json::parse(payload, nullptr, false);
+  if (!j.is_object()) return Error(EPROTO, StrCat(op, " on ", socket_path, ": the answer is not a JSON object"));
+  if (type == kError) {
+    return Error(j.value("errno", EIO), j.value("error", std::string("unknown error")));
+  }
+  if (type != kAnswer) return Error(EPROTO, StrCat(op, " on ", socket_path, ": unexpected frame type ", int{type}));
+  return j;
+}
+
+}  // namespace strata
