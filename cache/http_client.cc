@@ -7,7 +7,10 @@
 // and TLS sessions are shared across the handles through one CURLSH.
 #include "cache/http_client.h"
 
+// libcurl is loaded on first use (dlopen), not at program start: see Curl().
+#define CURL_DISABLE_TYPECHECK  // curl_easy_setopt as a function, so it has an address type
 #include <curl/curl.h>
+#include <dlfcn.h>
 
 #include <algorithm>
 #include <cctype>
@@ -50,18 +53,72 @@ R Guarded(const char* callback, R fallback, F&& body) noexcept {
   return fallback;
 }
 
-void GlobalInit() {
-  static std::once_flag once;
-  std::call_once(once, [] { curl_global_init(CURL_GLOBAL_DEFAULT); });
+// libcurl and its dependency tree (TLS, Kerberos, LDAP, IDN, ...) cost a
+// process about 8 ms to load and relocate at start. Most runs of our tools
+// never speak HTTP (a file:// store; the launcher, whose node-local sockets
+// use frames), so the library is loaded when the first HttpClient needs it.
+struct CurlApi {
+  std::string error;  // why loading failed; empty once loaded
+#define STRATA_CURL_FN(name) decltype(&curl_##name) name = nullptr;
+  STRATA_CURL_FN(global_init)
+  STRATA_CURL_FN(easy_init)
+  STRATA_CURL_FN(easy_cleanup)
+  STRATA_CURL_FN(easy_reset)
+  STRATA_CURL_FN(easy_setopt)
+  STRATA_CURL_FN(easy_perform)
+  STRATA_CURL_FN(easy_strerror)
+  STRATA_CURL_FN(share_init)
+  STRATA_CURL_FN(share_setopt)
+  STRATA_CURL_FN(share_cleanup)
+  STRATA_CURL_FN(slist_append)
+  STRATA_CURL_FN(slist_free_all)
+#undef STRATA_CURL_FN
+};
+
+const CurlApi& Curl() {
+  static const CurlApi api = [] {
+    CurlApi a;
+    void* lib = ::dlopen(STRATA_CURL_SONAME, RTLD_NOW | RTLD_LOCAL);
+    if (!lib) {
+      const char* why = ::dlerror();
+      a.error = StrCat("load ", STRATA_CURL_SONAME, ": ", why ? why : "unknown error", " (apt-get install libcurl4)");
+      return a;
+    }
+    bool all = true;
+    auto resolve = [&](auto& fn, const char* name) {
+      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(::dlsym(lib, name));
+      if (!fn && all) {
+        all = false;
+        a.error = StrCat(STRATA_CURL_SONAME, " has no ", name);
+      }
+    };
+#define STRATA_CURL_RESOLVE(name) resolve(a.name, "curl_" #name);
+    STRATA_CURL_RESOLVE(global_init)
+    STRATA_CURL_RESOLVE(easy_init)
+    STRATA_CURL_RESOLVE(easy_cleanup)
+    STRATA_CURL_RESOLVE(easy_reset)
+    STRATA_CURL_RESOLVE(easy_setopt)
+    STRATA_CURL_RESOLVE(easy_perform)
+    STRATA_CURL_RESOLVE(easy_strerror)
+    STRATA_CURL_RESOLVE(share_init)
+    STRATA_CURL_RESOLVE(share_setopt)
+    STRATA_CURL_RESOLVE(share_cleanup)
+    STRATA_CURL_RESOLVE(slist_append)
+    STRATA_CURL_RESOLVE(slist_free_all)
+#undef STRATA_CURL_RESOLVE
+    if (all) a.global_init(CURL_GLOBAL_DEFAULT);
+    return a;
+  }();
+  return api;
 }
 
 struct CurlDeleter {
-  void operator()(CURL* c) const { curl_easy_cleanup(c); }
+  void operator()(CURL* c) const { Curl().easy_cleanup(c); }
 };
 using CurlPtr = std::unique_ptr<CURL, CurlDeleter>;
 
 struct SlistDeleter {
-  void operator()(curl_slist* l) const { curl_slist_free_all(l); }
+  void operator()(curl_slist* l) const { Curl().slist_free_all(l); }
 };
 using SlistPtr = std::unique_ptr<curl_slist, SlistDeleter>;
 
@@ -370,16 +427,16 @@ std::optional<uint64_t> HttpResponse::ContentLength() const {
 // holding the DNS cache and TLS sessions of all of them.
 class HttpClient::Pool {
  public:
-  Pool() : share_(curl_share_init()) {
-    curl_share_setopt(share_, CURLSHOPT_LOCKFUNC, &Pool::Lock);
-    curl_share_setopt(share_, CURLSHOPT_UNLOCKFUNC, &Pool::Unlock);
-    curl_share_setopt(share_, CURLSHOPT_USERDATA, this);
-    curl_share_setopt(share_, CURLSHOPT_SHARE, CURL_LOCK_DATA_DNS);
-    curl_share_setopt(share_, CURLSHOPT_SHARE, CURL_LOCK_DATA_SSL_SESSION);
+  Pool() : share_(Curl().share_init()) {
+    Curl().share_setopt(share_, CURLSHOPT_LOCKFUNC, &Pool::Lock);
+    Curl().share_setopt(share_, CURLSHOPT_UNLOCKFUNC, &Pool::Unlock);
+    Curl().share_setopt(share_, CURLSHOPT_USERDATA, this);
+    Curl().share_setopt(share_, CURLSHOPT_SHARE, CURL_LOCK_DATA_DNS);
+    Curl().share_setopt(share_, CURLSHOPT_SHARE, CURL_LOCK_DATA_SSL_SESSION);
   }
   ~Pool() {
     idle_.clear();  // handles detach from the share before it goes
-    curl_share_cleanup(share_);
+    Curl().share_cleanup(share_);
   }
 
   // A handle with no options set beyond the share; nullptr when curl is out of memory.
@@ -392,11 +449,11 @@ class HttpClient::Pool {
         return h;
       }
     }
-    return CurlPtr(curl_easy_init());
+    return CurlPtr(Curl().easy_init());
   }
 
   void Give(CurlPtr h) {
-    curl_easy_reset(h.get());
+    Curl().easy_reset(h.get());
     std::lock_guard lock(mu_);
     if (idle_.size() < kMaxIdleHandles) idle_.push_back(std::move(h));
   }
@@ -426,9 +483,15 @@ class HttpClient::Pool {
 
 HttpClient::HttpClient(std::string store_name, HttpOptions options)
     : store_name_(std::move(store_name)), options_(options) {
-  GlobalInit();
   if (options_.attempts < 1) options_.attempts = 1;
-  pool_ = std::make_unique<Pool>();
+}
+
+Status HttpClient::Start() {
+  std::call_once(started_, [this] {
+    if (!Curl().error.empty()) start_error_ = Error(ELIBACC, StrCat(store_name_, ": ", Curl().error));
+    else pool_ = std::make_unique<Pool>();
+  });
+  return start_error_;
 }
 
 HttpClient::~HttpClient() = default;
@@ -440,6 +503,7 @@ Status HttpClient::StatusError(const HttpResponse& response, std::string_view st
 }
 
 Result<HttpResponse> HttpClient::Perform(const HttpRequest& request, std::string_view step) {
+  STRATA_RETURN_IF_ERROR(Start());
   const auto start = Clock::now();
   const auto deadline_at = start + options_.deadline;
   std::string last;     // what the last failed attempt got
@@ -461,7 +525,7 @@ Result<HttpResponse> HttpClient::Perform(const HttpRequest& request, std::string
   // (s3_signature_test caught it); and S3 wants the early "no" it allows.
   SlistPtr headers;
   auto add_header = [&](const std::string& h) {
-    curl_slist* l = curl_slist_append(headers.get(), h.c_str());
+    curl_slist* l = Curl().slist_append(headers.get(), h.c_str());
     if (l) {
       headers.release();
       headers.reset(l);
@@ -488,42 +552,42 @@ Result<HttpResponse> HttpClient::Perform(const HttpRequest& request, std::string
     char errbuf[CURL_ERROR_SIZE] = {0};
     CURL* c = h.get();
     auto ms = [](Duration d) { return static_cast<long>(std::max<int64_t>(1, std::chrono::duration_cast<std::chrono::milliseconds>(d).count())); };
-    curl_easy_setopt(c, CURLOPT_SHARE, pool_->share());
-    curl_easy_setopt(c, CURLOPT_URL, request.url.c_str());
-    curl_easy_setopt(c, CURLOPT_PROTOCOLS_STR, "http,https");
-    curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
-    curl_easy_setopt(c, CURLOPT_TCP_KEEPALIVE, 1L);
-    curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, std::min(ms(options_.connect_timeout), ms(timeout)));
-    curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, ms(timeout));
-    curl_easy_setopt(c, CURLOPT_ERRORBUFFER, errbuf);
-    curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, &HeaderCallback);
-    curl_easy_setopt(c, CURLOPT_HEADERDATA, &transfer);
-    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, &WriteCallback);
-    curl_easy_setopt(c, CURLOPT_WRITEDATA, &transfer);
-    if (headers) curl_easy_setopt(c, CURLOPT_HTTPHEADER, headers.get());
+    Curl().easy_setopt(c, CURLOPT_SHARE, pool_->share());
+    Curl().easy_setopt(c, CURLOPT_URL, request.url.c_str());
+    Curl().easy_setopt(c, CURLOPT_PROTOCOLS_STR, "http,https");
+    Curl().easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+    Curl().easy_setopt(c, CURLOPT_TCP_KEEPALIVE, 1L);
+    Curl().easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, std::min(ms(options_.connect_timeout), ms(timeout)));
+    Curl().easy_setopt(c, CURLOPT_TIMEOUT_MS, ms(timeout));
+    Curl().easy_setopt(c, CURLOPT_ERRORBUFFER, errbuf);
+    Curl().easy_setopt(c, CURLOPT_HEADERFUNCTION, &HeaderCallback);
+    Curl().easy_setopt(c, CURLOPT_HEADERDATA, &transfer);
+    Curl().easy_setopt(c, CURLOPT_WRITEFUNCTION, &WriteCallback);
+    Curl().easy_setopt(c, CURLOPT_WRITEDATA, &transfer);
+    if (headers) Curl().easy_setopt(c, CURLOPT_HTTPHEADER, headers.get());
     if (request.method == "HEAD") {
-      curl_easy_setopt(c, CURLOPT_NOBODY, 1L);
+      Curl().easy_setopt(c, CURLOPT_NOBODY, 1L);
     } else if (request.method == "PUT") {
-      curl_easy_setopt(c, CURLOPT_UPLOAD, 1L);
-      curl_easy_setopt(c, CURLOPT_READFUNCTION, &ReadCallback);
-      curl_easy_setopt(c, CURLOPT_READDATA, &transfer);
-      curl_easy_setopt(c, CURLOPT_SEEKFUNCTION, &SeekCallback);
-      curl_easy_setopt(c, CURLOPT_SEEKDATA, &transfer);
-      curl_easy_setopt(c, CURLOPT_INFILESIZE_LARGE, static_cast<curl_off_t>(request.body.size()));
+      Curl().easy_setopt(c, CURLOPT_UPLOAD, 1L);
+      Curl().easy_setopt(c, CURLOPT_READFUNCTION, &ReadCallback);
+      Curl().easy_setopt(c, CURLOPT_READDATA, &transfer);
+      Curl().easy_setopt(c, CURLOPT_SEEKFUNCTION, &SeekCallback);
+      Curl().easy_setopt(c, CURLOPT_SEEKDATA, &transfer);
+      Curl().easy_setopt(c, CURLOPT_INFILESIZE_LARGE, static_cast<curl_off_t>(request.body.size()));
     } else if (request.method == "POST") {
-      curl_easy_setopt(c, CURLOPT_POSTFIELDS, request.body.data());
-      curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE_LARGE, static_cast<curl_off_t>(request.body.size()));
+      Curl().easy_setopt(c, CURLOPT_POSTFIELDS, request.body.data());
+      Curl().easy_setopt(c, CURLOPT_POSTFIELDSIZE_LARGE, static_cast<curl_off_t>(request.body.size()));
     } else if (request.method != "GET") {
-      curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, request.method.c_str());
+      Curl().easy_setopt(c, CURLOPT_CUSTOMREQUEST, request.method.c_str());
     }
-    if (!options_.unix_socket.empty()) curl_easy_setopt(c, CURLOPT_UNIX_SOCKET_PATH, options_.unix_socket.c_str());
+    if (!options_.unix_socket.empty()) Curl().easy_setopt(c, CURLOPT_UNIX_SOCKET_PATH, options_.unix_socket.c_str());
     if (!request.aws_sigv4.empty()) {
-      curl_easy_setopt(c, CURLOPT_AWS_SIGV4, request.aws_sigv4.c_str());
-      curl_easy_setopt(c, CURLOPT_USERNAME, request.access_key.c_str());
-      curl_easy_setopt(c, CURLOPT_PASSWORD, request.secret_key.c_str());
+      Curl().easy_setopt(c, CURLOPT_AWS_SIGV4, request.aws_sigv4.c_str());
+      Curl().easy_setopt(c, CURLOPT_USERNAME, request.access_key.c_str());
+      Curl().easy_setopt(c, CURLOPT_PASSWORD, request.secret_key.c_str());
     }
 
-    CURLcode code = curl_easy_perform(c);
+    CURLcode code = Curl().easy_perform(c);
     pool_->Give(std::move(h));
     // A 200 to a range request whose body outlasts the buffer was cut on
     // purpose: everything asked for arrived.
@@ -554,7 +618,7 @@ Result<HttpResponse> HttpClient::Perform(const HttpRequest& request, std::string
         return response;
       }
     } else {
-      last = curl_easy_strerror(code);
+      last = Curl().easy_strerror(code);
       if (transfer.overflow) last = StrCat("server sent more than the ", request.out.size(), " bytes asked for");
       else if (errbuf[0]) last += StrCat(": ", Trim(errbuf));
       last_status = 0;

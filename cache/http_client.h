@@ -137,8 +137,13 @@ class HttpClient {
 
  private:
   class Pool;
+  // Loads libcurl (on first use by any client) and makes the pool, once.
+  Status Start();
+
   std::string store_name_;
   HttpOptions options_;
+  std::once_flag started_;
+  Status start_error_;
   std::unique_ptr<Pool> pool_;
 };
 
