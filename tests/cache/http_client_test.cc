@@ -10,6 +10,7 @@
 
 #include "cache/chunk_cache.h"
 #include "cache/http_store.h"
+#include "common/fs.h"
 #include "common/strings.h"
 #include "tests/testing/store_servers.h"
 #include "tests/testing/test_http_server.h"
@@ -50,6 +51,25 @@ class HttpClientTest : public ::testing::Test {
   Digest128 id_;
   std::string key_;
 };
+
+bool CurlMapped() {
+  auto maps = ReadFileToString("/proc/self/maps");
+  return maps.ok() && maps->find("libcurl") != std::string::npos;
+}
+
+// Loading libcurl costs a process milliseconds: only the first HTTP request
+// may pay it (each test runs in its own process).
+TEST(HttpClientLoadTest, LibcurlIsLoadedByTheFirstRequestOnly) {
+  TempDir dir = testing::MakeTempDir();
+  ASSERT_OK_AND_ASSIGN(auto files, OpenStore("file://" + dir.path()));
+  ASSERT_OK(files->Put("layers/x", "data"));
+  HttpClient client("http store test", HttpOptions{.attempts = 1});
+  EXPECT_FALSE(CurlMapped());
+  auto answer = client.Perform({.method = "GET", .url = "http://127.0.0.1:1/nothing"}, "get nothing");
+  EXPECT_FALSE(answer.ok());
+  EXPECT_EQ(answer.status().code(), ECONNREFUSED) << answer.status().ToString();
+  EXPECT_TRUE(CurlMapped());
+}
 
 TEST_F(HttpClientTest, RetriesA5xxBurstThenSucceeds) {
   auto store = Open();
