@@ -262,7 +262,8 @@ Status Agent::Exec(int conn, const json& req) {
     return SendError(conn, Error(EINVAL, "exec: argv and env must be arrays of strings"));
   }
   if (argv.empty()) return SendError(conn, Error(EINVAL, "exec: empty argv"));
-  const std::string cwd = req.value("cwd", "/");
+  std::string cwd = req.value("cwd", "");
+  if (cwd.empty()) cwd = "/";
   const int64_t timeout_ms = req.value("timeout_ms", int64_t{0});
   const uint64_t caps[2] = {req.value("stdout_cap", uint64_t{1} << 20), req.value("stderr_cap", uint64_t{1} << 20)};
   const bool want_stdin = req.value("stdin", false);

@@ -17,7 +17,7 @@ namespace strata::launcher {
 struct ExecRequest {
   std::vector<std::string> argv;
   std::vector<std::string> env;  // "K=V"; PATH defaults inside the agent
-  std::string cwd = "/";
+  std::string cwd;  // empty: the sandbox's working directory (its workdir, else /)
   Duration timeout{0};           // zero: none
   uint64_t stdout_cap = uint64_t{1} << 20;
   uint64_t stderr_cap = uint64_t{1} << 20;

@@ -17,6 +17,7 @@
 #include "common/subprocess.h"
 #include "launcher/upper_store.h"
 #include "layerctl/builder.h"
+#include "layerctl/dir_reader.h"
 
 namespace strata::launcher {
 namespace {
@@ -58,7 +59,10 @@ std::vector<DoctorCheck> CheckMounts(const NodeConfig& node) {
   if (!tmp.ok()) return {{"mounts", false, false, tmp.status().ToString()}};
   Status s = MakeDirs(tmp->Sub("src/dir"));
   if (s.ok()) s = WriteFileAtomic(tmp->Sub("src/dir/file"), "strata\n");
-  auto layer = s.ok() ? layerctl::BuildLayer({.source = tmp->Sub("src"), .output_dir = tmp->Sub("layer")})
+  // From the tree directly (BuildLayer would bring the tar reader, and with
+  // it libarchive, into the launcher).
+  auto layer = s.ok() ? layerctl::BuildLayerFrom({.source = tmp->Sub("src"), .output_dir = tmp->Sub("layer")},
+                                                 [&](layerctl::ImageWriter& w) { return layerctl::AddDirectoryTree(tmp->Sub("src"), w); })
                       : Result<layerctl::BuiltLayer>(s);
   if (!layer.ok()) return {{"erofs file-backed mount", false, false, "build a test layer: " + layer.status().ToString()}};
   s = MakeDirs(tmp->Sub("erofs"));

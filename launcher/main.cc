@@ -250,7 +250,7 @@ int main(int argc, char** argv) {
   auto* exec = app.add_subcommand("exec", "run a command in a sandbox; exits with its code");
   exec->add_option("ID", id, "sandbox id")->required();
   exec->add_option("--env", request.env, "K=V for the command");
-  exec->add_option("--workdir", request.cwd, "working directory")->capture_default_str();
+  exec->add_option("--workdir", request.cwd, "working directory (default: the sandbox's)");
   exec->add_flag("-i,--stdin", with_stdin, "pass this process's stdin to the command");
   exec_flags(exec);
   client_flags(exec);

@@ -374,7 +374,7 @@ Result<ExecResult> SandboxManager::Exec(const std::string& id, ExecRequest reque
       pool = entry->pool;
       sb = pool->warm;
       if (request.env.empty()) request.env = entry->spec.env;
-      if (request.cwd.empty() || request.cwd == "/") request.cwd = entry->spec.workdir;
+      if (request.cwd.empty()) request.cwd = entry->spec.workdir;
     } else {
       if (entry->sandbox->paused()) return Error(EAGAIN, StrCat("sandbox ", id, " is paused; resume it first"));
       sb = entry->sandbox;

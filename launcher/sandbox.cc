@@ -349,7 +349,7 @@ Result<ExecResult> Sandbox::Exec(ExecRequest request, const OutputSink& sink) {
   request.isolate = spec_.backend == "fncall";
   request.isolate_network = !spec_.host_network;
   if (request.env.empty()) request.env = spec_.env;
-  if (request.cwd.empty() || request.cwd == "/") request.cwd = spec_.workdir.empty() ? "/" : spec_.workdir;
+  if (request.cwd.empty()) request.cwd = spec_.workdir.empty() ? "/" : spec_.workdir;
   return agent_->Exec(request, sink);
 }
 

@@ -84,7 +84,7 @@ Result<ExecRequest> ParseExec(const json& j) {
   try {
     r.argv = j.at("argv").get<std::vector<std::string>>();
     r.env = j.value("env", std::vector<std::string>{});
-    r.cwd = j.value("cwd", "/");
+    r.cwd = j.value("cwd", "");
     if (j.contains("timeout")) {
       if (j["timeout"].is_string()) {
         STRATA_ASSIGN_OR_RETURN(r.timeout, ParseDuration(j["timeout"].get<std::string>()));

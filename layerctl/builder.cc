@@ -11,9 +11,7 @@
 
 #include "common/fs.h"
 #include "common/strings.h"
-#include "layerctl/dir_reader.h"
 #include "layerctl/erofs_writer.h"
-#include "layerctl/tar_reader.h"
 
 namespace strata::layerctl {
 namespace {
@@ -29,30 +27,6 @@ class TempFiles {
 
  private:
   std::vector<std::string> paths_;
-};
-
-// True when `inner` is `outer` or lies below it (compared by inode, so a
-// symlink cannot hide it).
-bool Contains(const std::string& outer, const std::string& inner) {
-  struct stat o, st;
-  if (::stat(outer.c_str(), &o) != 0) return false;
-  std::string path = inner;
-  for (int depth = 0; depth < 4096; ++depth) {
-    if (::stat(path.c_str(), &st) != 0) return false;
-    if (st.st_dev == o.st_dev && st.st_ino == o.st_ino) return true;
-    struct stat up;
-    const std::string parent = path + "/..";
-    if (::stat(parent.c_str(), &up) != 0 || (up.st_dev == st.st_dev && up.st_ino == st.st_ino)) return false;
-    path = parent;
-  }
-  return false;
-}
-
-// What the input was, once it has been read: manifest.build.source and
-// BuiltLayer::source_bytes.
-struct SourceFacts {
-  std::string hash;
-  uint64_t bytes = 0;
 };
 
 // The image from `fill`, then the manifest, then everything into place.
@@ -116,32 +90,10 @@ Status CheckOptions(const BuildOptions& options) {
 
 }  // namespace
 
-Result<BuiltLayer> BuildLayer(const BuildOptions& options) {
-  auto where = [&](std::string_view step) { return StrCat("build layer from ", options.source, ": ", step); };
+Result<BuiltLayer> BuildLayerFrom(const BuildOptions& options, const FillImage& fill,
+                                  const std::function<SourceFacts()>& source_facts) {
   STRATA_RETURN_IF_ERROR(CheckOptions(options));
-  struct stat src_st;
-  const bool is_dir = options.source != "-" && ::stat(options.source.c_str(), &src_st) == 0 && S_ISDIR(src_st.st_mode);
-  if (!is_dir && options.source != "-" && ::access(options.source.c_str(), R_OK) != 0) {
-    return ErrnoError(errno, where("open source"));
-  }
-  STRATA_RETURN_IF_ERROR(MakeDirs(options.output_dir));
-  if (is_dir && Contains(options.source, options.output_dir)) {
-    return Error(EINVAL, where(StrCat("the output directory ", options.output_dir, " lies inside the source")));
-  }
-  TarStats tar;
-  auto fill = [&](ImageWriter& writer) -> Status {
-    if (is_dir) return AddDirectoryTree(options.source, writer).Annotate(where("read the tree"));
-    auto read = AddTar(options.source, writer);
-    if (!read.ok()) return read.status().Annotate(where("read the archive"));
-    tar = *read;
-    return OkStatus();
-  };
-  return Build(options, fill, [&] { return is_dir ? SourceFacts{} : SourceFacts{tar.source.Hex(), tar.source_bytes}; });
-}
-
-Result<BuiltLayer> BuildLayerFrom(const BuildOptions& options, const FillImage& fill) {
-  STRATA_RETURN_IF_ERROR(CheckOptions(options));
-  return Build(options, fill, [] { return SourceFacts{}; });
+  return Build(options, fill, source_facts ? source_facts : [] { return SourceFacts{}; });
 }
 
 Result<BuiltLayer> OpenLayerDir(const std::string& dir) {

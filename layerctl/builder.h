@@ -49,11 +49,20 @@ class ImageWriter;
 // overlayfs upper directory entry by entry).
 using FillImage = std::function<Status(ImageWriter& writer)>;
 
+// What an input was, once read: manifest.build.source (an archive's hash)
+// and BuiltLayer::source_bytes.
+struct SourceFacts {
+  std::string hash;
+  uint64_t bytes = 0;
+};
+
 // BuildLayer with the entries `fill` adds instead of a directory or an
-// archive; options.source only names the input in messages and
-// manifest.build.source is "". Same guarantees: nothing under the final
-// names unless every step succeeded, no temporary files left on failure.
-Result<BuiltLayer> BuildLayerFrom(const BuildOptions& options, const FillImage& fill);
+// archive; options.source only names the input in messages, and
+// `source_facts` (asked once `fill` succeeded; none: "" and 0) describes it.
+// Same guarantees: nothing under the final names unless every step
+// succeeded, no temporary files left on failure.
+Result<BuiltLayer> BuildLayerFrom(const BuildOptions& options, const FillImage& fill,
+                                  const std::function<SourceFacts()>& source_facts = {});
 
 // Reads DIR/manifest.json and checks that DIR's image files match it.
 Result<BuiltLayer> OpenLayerDir(const std::string& dir);

@@ -105,6 +105,14 @@ TEST_F(DaemonTest, ASandboxLivesThroughManyCommands) {
   EXPECT_NE(r.err.find("err\n"), std::string::npos);
   ASSERT_OK_AND_ASSIGN(auto env, Cli({"exec", id, "--env", "A=b", "--workdir", "/etc", "--", "sh", "-c", "echo $A $(pwd)"}));
   EXPECT_EQ(env.out, "b /etc\n") << env.err;
+  // A sandbox's workdir is the default; an explicit "/" is still honoured.
+  std::string in_tmp = Create({"--workdir", "/tmp"});
+  ASSERT_OK_AND_ASSIGN(auto dflt, Cli({"exec", in_tmp, "--", "pwd"}));
+  EXPECT_EQ(dflt.out, "/tmp\n") << dflt.err;
+  ASSERT_OK_AND_ASSIGN(auto root, Cli({"exec", in_tmp, "--workdir", "/", "--", "pwd"}));
+  EXPECT_EQ(root.out, "/\n") << root.err;
+  ASSERT_OK_AND_ASSIGN(auto destroyed, Cli({"destroy", in_tmp}));
+  EXPECT_EQ(destroyed.exit_code, 0) << destroyed.err;
   ASSERT_OK_AND_ASSIGN(auto in, Cli({"exec", id, "-i", "--", "cat"}, "piped in\n"));
   EXPECT_EQ(in.out, "piped in\n") << in.err;
 
@@ -166,9 +174,9 @@ TEST_F(DaemonTest, ASandboxLivesThroughManyCommands) {
   ASSERT_OK_AND_ASSIGN(auto run, Run({"--layer", "busybox:1", "--", "sh", "-c", "echo through the daemon; exit 4"}));
   EXPECT_EQ(run.exit_code, 4) << run.err;
   EXPECT_EQ(run.out, "through the daemon\n");
-  EXPECT_EQ(Metric("strata_sandbox_creations_total"), 2u);
-  EXPECT_EQ(Metric("strata_sandbox_destructions_total"), 2u);
-  EXPECT_EQ(Metric("strata_exec_duration_seconds_count"), 11u);
+  EXPECT_EQ(Metric("strata_sandbox_creations_total"), 3u);
+  EXPECT_EQ(Metric("strata_sandbox_destructions_total"), 3u);
+  EXPECT_EQ(Metric("strata_exec_duration_seconds_count"), 13u);
   EXPECT_EQ(Metric("strata_sandboxes{state=\"running\"}"), 0u);
   EXPECT_EQ(Metric("strata_layer_mounts"), 1u);
 }
