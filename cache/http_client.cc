@@ -7,10 +7,8 @@
 // and TLS sessions are shared across the handles through one CURLSH.
 #include "cache/http_client.h"
 
-// libcurl is loaded on first use (dlopen), not at program start: see Curl().
 #define CURL_DISABLE_TYPECHECK  // curl_easy_setopt as a function, so it has an address type
 #include <curl/curl.h>
-#include <dlfcn.h>
 
 #include <algorithm>
 #include <cctype>
@@ -20,6 +18,7 @@
 #include <random>
 #include <thread>
 
+#include "common/dynlib.h"
 #include "common/log.h"
 #include "common/strings.h"
 
@@ -53,60 +52,49 @@ R Guarded(const char* callback, R fallback, F&& body) noexcept {
   return fallback;
 }
 
-// libcurl and its dependency tree (TLS, Kerberos, LDAP, IDN, ...) cost a
-// process about 8 ms to load and relocate at start. Most runs of our tools
-// never speak HTTP (a file:// store; the launcher, whose node-local sockets
-// use frames), so the library is loaded when the first HttpClient needs it.
+// libcurl is loaded when the first HttpClient needs it, not at program
+// start (common/dynlib.h): most runs of our tools never speak HTTP (a
+// file:// store; the launcher, whose node-local sockets use frames).
 struct CurlApi {
-  std::string error;  // why loading failed; empty once loaded
-#define STRATA_CURL_FN(name) decltype(&curl_##name) name = nullptr;
-  STRATA_CURL_FN(global_init)
-  STRATA_CURL_FN(easy_init)
-  STRATA_CURL_FN(easy_cleanup)
-  STRATA_CURL_FN(easy_reset)
-  STRATA_CURL_FN(easy_setopt)
-  STRATA_CURL_FN(easy_perform)
-  STRATA_CURL_FN(easy_strerror)
-  STRATA_CURL_FN(share_init)
-  STRATA_CURL_FN(share_setopt)
-  STRATA_CURL_FN(share_cleanup)
-  STRATA_CURL_FN(slist_append)
-  STRATA_CURL_FN(slist_free_all)
-#undef STRATA_CURL_FN
+  Status status;  // why loading failed
+  decltype(&curl_global_init) global_init = nullptr;
+  decltype(&curl_easy_init) easy_init = nullptr;
+  decltype(&curl_easy_cleanup) easy_cleanup = nullptr;
+  decltype(&curl_easy_reset) easy_reset = nullptr;
+  decltype(&curl_easy_setopt) easy_setopt = nullptr;
+  decltype(&curl_easy_perform) easy_perform = nullptr;
+  decltype(&curl_easy_strerror) easy_strerror = nullptr;
+  decltype(&curl_share_init) share_init = nullptr;
+  decltype(&curl_share_setopt) share_setopt = nullptr;
+  decltype(&curl_share_cleanup) share_cleanup = nullptr;
+  decltype(&curl_slist_append) slist_append = nullptr;
+  decltype(&curl_slist_free_all) slist_free_all = nullptr;
 };
 
 const CurlApi& Curl() {
   static const CurlApi api = [] {
     CurlApi a;
-    void* lib = ::dlopen(STRATA_CURL_SONAME, RTLD_NOW | RTLD_LOCAL);
-    if (!lib) {
-      const char* why = ::dlerror();
-      a.error = StrCat("load ", STRATA_CURL_SONAME, ": ", why ? why : "unknown error", " (apt-get install libcurl4)");
+    auto lib = DynamicLibrary::Open(STRATA_CURL_SONAME, "libcurl4");
+    if (!lib.ok()) {
+      a.status = lib.status();
       return a;
     }
-    bool all = true;
-    auto resolve = [&](auto& fn, const char* name) {
-      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(::dlsym(lib, name));
-      if (!fn && all) {
-        all = false;
-        a.error = StrCat(STRATA_CURL_SONAME, " has no ", name);
-      }
+    auto get = [&](auto& fn, const char* name) {
+      if (a.status.ok()) a.status = lib->Resolve(fn, name);
     };
-#define STRATA_CURL_RESOLVE(name) resolve(a.name, "curl_" #name);
-    STRATA_CURL_RESOLVE(global_init)
-    STRATA_CURL_RESOLVE(easy_init)
-    STRATA_CURL_RESOLVE(easy_cleanup)
-    STRATA_CURL_RESOLVE(easy_reset)
-    STRATA_CURL_RESOLVE(easy_setopt)
-    STRATA_CURL_RESOLVE(easy_perform)
-    STRATA_CURL_RESOLVE(easy_strerror)
-    STRATA_CURL_RESOLVE(share_init)
-    STRATA_CURL_RESOLVE(share_setopt)
-    STRATA_CURL_RESOLVE(share_cleanup)
-    STRATA_CURL_RESOLVE(slist_append)
-    STRATA_CURL_RESOLVE(slist_free_all)
-#undef STRATA_CURL_RESOLVE
-    if (all) a.global_init(CURL_GLOBAL_DEFAULT);
+    get(a.global_init, "curl_global_init");
+    get(a.easy_init, "curl_easy_init");
+    get(a.easy_cleanup, "curl_easy_cleanup");
+    get(a.easy_reset, "curl_easy_reset");
+    get(a.easy_setopt, "curl_easy_setopt");
+    get(a.easy_perform, "curl_easy_perform");
+    get(a.easy_strerror, "curl_easy_strerror");
+    get(a.share_init, "curl_share_init");
+    get(a.share_setopt, "curl_share_setopt");
+    get(a.share_cleanup, "curl_share_cleanup");
+    get(a.slist_append, "curl_slist_append");
+    get(a.slist_free_all, "curl_slist_free_all");
+    if (a.status.ok()) a.global_init(CURL_GLOBAL_DEFAULT);
     return a;
   }();
   return api;
@@ -488,7 +476,7 @@ HttpClient::HttpClient(std::string store_name, HttpOptions options)
 
 Status HttpClient::Start() {
   std::call_once(started_, [this] {
-    if (!Curl().error.empty()) start_error_ = Error(ELIBACC, StrCat(store_name_, ": ", Curl().error));
+    if (!Curl().status.ok()) start_error_ = Curl().status.Annotate(store_name_);
     else pool_ = std::make_unique<Pool>();
   });
   return start_error_;

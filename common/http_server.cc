@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "common/dynlib.h"
 #include "common/log.h"
 #include "common/strings.h"
 #include "common/unique_fd.h"
@@ -26,6 +27,47 @@ struct HttpServer::Impl {
 };
 
 namespace {
+
+// libmicrohttpd (and the TLS library it brings) is loaded when a server
+// starts, not at program start: the launcher is a client far more often
+// than `launcher serve` (common/dynlib.h).
+struct MhdApi {
+  Status status;  // why loading failed
+  decltype(&MHD_add_response_header) add_response_header = nullptr;
+  decltype(&MHD_create_response_from_buffer) create_response_from_buffer = nullptr;
+  decltype(&MHD_create_response_from_callback) create_response_from_callback = nullptr;
+  decltype(&MHD_destroy_response) destroy_response = nullptr;
+  decltype(&MHD_get_connection_info) get_connection_info = nullptr;
+  decltype(&MHD_get_connection_values) get_connection_values = nullptr;
+  decltype(&MHD_queue_response) queue_response = nullptr;
+  decltype(&MHD_start_daemon) start_daemon = nullptr;
+  decltype(&MHD_stop_daemon) stop_daemon = nullptr;
+};
+
+const MhdApi& Mhd() {
+  static const MhdApi api = [] {
+    MhdApi a;
+    auto lib = DynamicLibrary::Open(STRATA_MICROHTTPD_SONAME, "libmicrohttpd12");
+    if (!lib.ok()) {
+      a.status = lib.status();
+      return a;
+    }
+    auto get = [&](auto& fn, const char* name) {
+      if (a.status.ok()) a.status = lib->Resolve(fn, name);
+    };
+    get(a.add_response_header, "MHD_add_response_header");
+    get(a.create_response_from_buffer, "MHD_create_response_from_buffer");
+    get(a.create_response_from_callback, "MHD_create_response_from_callback");
+    get(a.destroy_response, "MHD_destroy_response");
+    get(a.get_connection_info, "MHD_get_connection_info");
+    get(a.get_connection_values, "MHD_get_connection_values");
+    get(a.queue_response, "MHD_queue_response");
+    get(a.start_daemon, "MHD_start_daemon");
+    get(a.stop_daemon, "MHD_stop_daemon");
+    return a;
+  }();
+  return api;
+}
 
 // Per-request state across MHD's access-handler calls (body arrives in pieces).
 struct Pending {
@@ -112,13 +154,13 @@ MHD_Result Send(MHD_Connection* connection, HttpServer::Response response) {
       s->done = true;
       s->cv.notify_all();
     });
-    r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 64 * 1024, StreamRead, s, StreamFree);
+    r = Mhd().create_response_from_callback(MHD_SIZE_UNKNOWN, 64 * 1024, StreamRead, s, StreamFree);
   } else {
-    r = MHD_create_response_from_buffer(response.body.size(), response.body.data(), MHD_RESPMEM_MUST_COPY);
+    r = Mhd().create_response_from_buffer(response.body.size(), response.body.data(), MHD_RESPMEM_MUST_COPY);
   }
-  MHD_add_response_header(r, "Content-Type", response.content_type.c_str());
-  MHD_Result ret = MHD_queue_response(connection, static_cast<unsigned>(response.status), r);
-  MHD_destroy_response(r);
+  Mhd().add_response_header(r, "Content-Type", response.content_type.c_str());
+  MHD_Result ret = Mhd().queue_response(connection, static_cast<unsigned>(response.status), r);
+  Mhd().destroy_response(r);
   return ret;
 }
 
@@ -139,9 +181,9 @@ MHD_Result Access(void* cls, MHD_Connection* connection, const char* url, const 
   request.method = method;
   request.path = url;
   request.body = std::move(pending->body);
-  MHD_get_connection_values(connection, MHD_GET_ARGUMENT_KIND, CollectArg, &request.query);
-  MHD_get_connection_values(connection, MHD_HEADER_KIND, CollectHeader, &request.headers);
-  if (const MHD_ConnectionInfo* info = MHD_get_connection_info(connection, MHD_CONNECTION_INFO_CONNECTION_FD)) {
+  Mhd().get_connection_values(connection, MHD_GET_ARGUMENT_KIND, CollectArg, &request.query);
+  Mhd().get_connection_values(connection, MHD_HEADER_KIND, CollectHeader, &request.headers);
+  if (const MHD_ConnectionInfo* info = Mhd().get_connection_info(connection, MHD_CONNECTION_INFO_CONNECTION_FD)) {
     ucred cred{};
     socklen_t len = sizeof cred;
     if (::getsockopt(info->connect_fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0) {
@@ -189,12 +231,13 @@ HttpServer::Response HttpServer::ErrorResponse(const Status& status) {
 }
 
 Result<std::unique_ptr<HttpServer>> HttpServer::ListenUnix(const std::string& socket_path, mode_t mode, Handler handler) {
+  STRATA_RETURN_IF_ERROR(Mhd().status.Annotate("start HTTP server on " + socket_path));
   STRATA_ASSIGN_OR_RETURN(UniqueFd fd, strata::ListenUnix(socket_path, mode));
   std::unique_ptr<HttpServer> server(new HttpServer());
   server->socket_path_ = socket_path;
   server->impl_ = std::make_unique<Impl>();
   server->impl_->handler = std::move(handler);
-  server->impl_->daemon = MHD_start_daemon(
+  server->impl_->daemon = Mhd().start_daemon(
       MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_ITC, 0, nullptr, nullptr, Access,
       server->impl_.get(), MHD_OPTION_LISTEN_SOCKET, fd.get(), MHD_OPTION_NOTIFY_COMPLETED, Completed, nullptr,
       MHD_OPTION_CONNECTION_TIMEOUT, 0u, MHD_OPTION_END);
@@ -207,7 +250,7 @@ Result<std::unique_ptr<HttpServer>> HttpServer::ListenUnix(const std::string& so
 }
 
 HttpServer::~HttpServer() {
-  if (impl_ && impl_->daemon) MHD_stop_daemon(impl_->daemon);
+  if (impl_ && impl_->daemon) Mhd().stop_daemon(impl_->daemon);
   if (!socket_path_.empty()) ::unlink(socket_path_.c_str());
 }
 
