@@ -184,6 +184,7 @@ MHD_Result Access(void* cls, MHD_Connection* connection, const char* url, const 
   Mhd().get_connection_values(connection, MHD_GET_ARGUMENT_KIND, CollectArg, &request.query);
   Mhd().get_connection_values(connection, MHD_HEADER_KIND, CollectHeader, &request.headers);
   if (const MHD_ConnectionInfo* info = Mhd().get_connection_info(connection, MHD_CONNECTION_INFO_CONNECTION_FD)) {
+    request.connection_fd = info->connect_fd;
     ucred cred{};
     socklen_t len = sizeof cred;
     if (::getsockopt(info->connect_fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0) {

@@ -25,6 +25,9 @@ class HttpServer {
     uid_t peer_uid = static_cast<uid_t>(-1);  // SO_PEERCRED of the client
     gid_t peer_gid = static_cast<gid_t>(-1);
     pid_t peer_pid = 0;
+    // The client's connection, to notice it going away (poll for POLLRDHUP
+    // only: never read, write or close it).
+    int connection_fd = -1;
   };
 
   // Writes a streamed body piece by piece; returns false once the client

@@ -1,6 +1,7 @@
 // AgentClient: requests over the agent's unix socket.
 #include "launcher/agent_client.h"
 
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -114,6 +115,14 @@ Result<ExecResult> AgentClient::Exec(const ExecRequest& request, const OutputSin
     }
   } joiner{feeder, fd.get()};
   while (true) {
+    if (request.cancel_fd >= 0) {
+      pollfd p[2] = {{fd.get(), POLLIN, 0}, {request.cancel_fd, POLLRDHUP, 0}};
+      while (::poll(p, 2, -1) < 0 && errno == EINTR) {
+      }
+      if (!(p[0].revents & POLLIN) && (p[1].revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL))) {
+        return Error(ECANCELED, StrCat("exec ", request.argv[0], ": abandoned, the caller went away"));
+      }
+    }
     Frame type;
     std::string payload;
     Status s = ReadFrame(fd.get(), &type, &payload);

@@ -26,6 +26,10 @@ struct ExecRequest {
   // has the host's, network) namespaces, a private /tmp, no privileges.
   bool isolate = false;
   bool isolate_network = true;  // false: the call shares the sandbox's network
+  // When this descriptor reports a hang-up (the daemon's client went away),
+  // the exec is abandoned: the agent sees its connection close and kills
+  // the command. -1: none.
+  int cancel_fd = -1;
 };
 
 struct ExecResult {

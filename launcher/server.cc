@@ -1,14 +1,17 @@
 // LauncherServer: requests to SandboxManager calls.
 #include "launcher/server.h"
 
+#include <fcntl.h>
 #include <grp.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <fstream>
+#include <memory>
 #include <sstream>
 
 #include "common/strings.h"
+#include "common/unique_fd.h"
 #include "common/units.h"
 #include "launcher/agent_protocol.h"
 
@@ -213,6 +216,11 @@ HttpServer::Response LauncherServer::Route(const HttpServer::Request& req) {
   if (verb == "exec" && req.method == "POST") {
     auto exec = ParseExec(body);
     if (!exec.ok()) return HttpServer::ErrorResponse(exec.status());
+    // A client that goes away abandons its command (the agent kills it). A
+    // copy of the connection's descriptor: valid as long as the exec runs,
+    // whatever the server does with its own.
+    auto watch = std::make_shared<UniqueFd>(req.connection_fd >= 0 ? ::fcntl(req.connection_fd, F_DUPFD_CLOEXEC, 0) : -1);
+    exec->cancel_fd = watch->get();
     if (!body.value("stream", true)) {
       std::string out, err;
       auto result = manager_.Exec(id, std::move(*exec), [&](int stream, std::string_view b) { (stream == 1 ? out : err).append(b); });
@@ -226,7 +234,7 @@ HttpServer::Response LauncherServer::Route(const HttpServer::Request& req) {
     // exit or error), so a client sees output before the command ends.
     HttpServer::Response r;
     r.content_type = "application/vnd.strata.frames";
-    r.stream = [this, id, request = std::move(*exec)](const HttpServer::StreamWriter& write) mutable {
+    r.stream = [this, id, request = std::move(*exec), watch](const HttpServer::StreamWriter& write) mutable {
       auto result = manager_.Exec(id, std::move(request), [&](int stream, std::string_view b) {
         write(EncodeFrame(stream == 1 ? Frame::kStdout : Frame::kStderr, b));
       });

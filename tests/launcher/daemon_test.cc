@@ -211,6 +211,24 @@ TEST_F(DaemonTest, ExecStreamsOutputAsItComes) {
   EXPECT_EQ(Base64Decode(j["stdout"].get<std::string>()).value_or("?"), std::string("a\0b", 3));
   EXPECT_EQ(Base64Decode(j["stderr"].get<std::string>()).value_or("?"), "e\n");
 
+  // A client that goes away abandons its command: the agent kills it, for
+  // a streamed exec and an unstreamed one.
+  for (const char* stream : {"true", "false"}) {
+    auto gone = RunCommand({.argv = {"curl", "-sS", "--max-time", "1", "--unix-socket", socket_, "-X", "POST", "-d",
+                                     StrCat(R"({"argv":["sleep","1000"],"stream":)", stream, "}"),
+                                     "http://launcher/v1/sandboxes/" + id + "/exec"}});
+    ASSERT_OK(gone.status());
+    EXPECT_NE(gone->exit_code, 0);  // curl timed out
+    std::string left = "?";
+    for (int i = 0; i < 100 && left != "0\n"; ++i) {
+      std::this_thread::sleep_for(50ms);
+      left.clear();
+      ASSERT_OK(client_->Exec(id, {{"argv", {"sh", "-c", "ps | grep -c '[s]leep 1000'"}}},
+                              [&](int, std::string_view b) { left.append(b); }).status());
+    }
+    EXPECT_EQ(left, "0\n") << "stream " << stream << ": the abandoned command still runs";
+  }
+
   // Bad requests name what is wrong.
   auto bad = client_->Create({{"layers", json::array()}});
   ASSERT_FALSE(bad.ok());
