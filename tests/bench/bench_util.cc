@@ -1,10 +1,21 @@
 // Benchmark helpers.
 #include "tests/bench/bench_util.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdio>
 
+#include "common/fs.h"
+
 namespace strata::bench {
+
+std::string SelfDir() {
+  char buf[4096];
+  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
+  buf[n > 0 ? n : 0] = '\0';
+  return Dirname(buf);
+}
 
 double Median(std::vector<double> samples) { return Percentile(std::move(samples), 50); }
 

@@ -28,4 +28,7 @@ class Table {
 
 std::string Fixed(double v, int digits);
 
+// The directory of this program (the build tree's tests/bench).
+std::string SelfDir();
+
 }  // namespace strata::bench

@@ -28,6 +28,7 @@
 #include "layerctl/builder.h"
 #include "layerctl/publish.h"
 #include "tests/bench/bench_util.h"
+#include "tests/testing/tree.h"
 
 namespace strata::bench {
 namespace {
@@ -44,24 +45,6 @@ template <typename T>
 T Check(Result<T> r) {
   Check(r.status());
   return std::move(r).value();
-}
-
-Status MakeBusybox(const std::string& root) {
-  for (const char* d : {"bin", "proc", "sys", "dev", "tmp", "etc", "root"}) STRATA_RETURN_IF_ERROR(MakeDirs(root + "/" + d));
-  STRATA_RETURN_IF_ERROR(RunChecked({.argv = {"cp", "/bin/busybox", root + "/bin/busybox"}}, "copy busybox").status());
-  STRATA_ASSIGN_OR_RETURN(auto list, RunChecked({.argv = {"/bin/busybox", "--list"}}, "list applets"));
-  for (const auto& a : Split(list.out, '\n')) {
-    if (!a.empty() && a != "busybox") ::symlink("busybox", (root + "/bin/" + a).c_str());
-  }
-  if (::chmod((root + "/tmp").c_str(), 01777) != 0) return ErrnoError(errno, "chmod tmp");
-  return OkStatus();
-}
-
-std::string SelfDir() {
-  char buf[4096];
-  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
-  buf[n > 0 ? n : 0] = '\0';
-  return Dirname(buf);
 }
 
 struct Figures {
@@ -116,7 +99,7 @@ int main(int argc, char** argv) {
   TempDir dir = Check(TempDir::Create("strata-bench"));
   Check(::chmod(dir.path().c_str(), 0711) == 0 ? OkStatus() : ErrnoError(errno, "chmod"));
   const std::string tree = dir.Sub("busybox");
-  Check(MakeBusybox(tree));
+  Check(testing::MakeBusyboxRoot(tree));
   const std::string store = "file://" + dir.Sub("store");
   auto built = Check(layerctl::BuildLayer({.source = tree, .output_dir = dir.Sub("layer"), .name = "busybox"}));
   cache::Catalog catalog(Check(cache::OpenStore(store)));

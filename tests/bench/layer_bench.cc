@@ -36,13 +36,6 @@ T Check(Result<T> r) {
 
 constexpr int kRepeats = 3;
 
-std::string SelfDir() {
-  char buf[4096];
-  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
-  buf[n > 0 ? n : 0] = '\0';
-  return Dirname(buf);
-}
-
 void Run(std::vector<std::string> argv, const std::string& step) {
   Check(RunChecked({.argv = std::move(argv)}, step).status());
 }

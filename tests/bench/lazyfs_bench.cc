@@ -58,13 +58,6 @@ constexpr size_t kRandomReads = 1000;
 constexpr size_t kRandomReadSize = 4096;
 constexpr int kWarmRounds = 5;
 
-std::string SelfDir() {
-  char buf[4096];
-  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
-  buf[n > 0 ? n : 0] = '\0';
-  return Dirname(buf);
-}
-
 struct SourceFile {
   std::string rel;
   uint64_t size;

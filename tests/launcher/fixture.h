@@ -30,27 +30,12 @@
 #include "layerctl/publish.h"
 #include "lazyfs/client.h"
 #include "tests/testing/test_util.h"
+#include "tests/testing/tree.h"
 
 namespace strata::launcher {
 
 using namespace std::chrono_literals;
 using testing::MakeTempDir;
-
-// A busybox root filesystem: /bin/busybox and a link per applet.
-inline Status MakeBusyboxTree(const std::string& root) {
-  for (const char* d : {"bin", "proc", "sys", "dev", "tmp", "etc", "root", "mnt"}) STRATA_RETURN_IF_ERROR(MakeDirs(root + "/" + d));
-  STRATA_RETURN_IF_ERROR(RunChecked({.argv = {"cp", "/bin/busybox", root + "/bin/busybox"}}, "copy busybox").status());
-  STRATA_ASSIGN_OR_RETURN(auto list, RunChecked({.argv = {"/bin/busybox", "--list"}}, "list applets"));
-  for (const auto& applet : Split(list.out, '\n')) {
-    if (applet.empty() || applet == "busybox") continue;
-    if (::symlink("busybox", (root + "/bin/" + applet).c_str()) != 0 && errno != EEXIST) {
-      return ErrnoError(errno, "symlink " + applet);
-    }
-  }
-  STRATA_RETURN_IF_ERROR(WriteFileAtomic(root + "/etc/passwd", "root:x:0:0:root:/root:/bin/sh\n"));
-  if (::chmod((root + "/tmp").c_str(), 01777) != 0) return ErrnoError(errno, "chmod tmp");
-  return OkStatus();
-}
 
 inline std::vector<std::string> Lines(const std::string& path) {
   std::ifstream in(path);
@@ -79,7 +64,7 @@ class SandboxTest : public ::testing::Test {
             "STRATA_CGROUP_PARENT=" + cgroup_parent_, "STRATA_LAUNCHER_SOCKET=" + dir_.Sub("launcher.sock"), "STRATA_UPPERS=" + uppers_};
     ASSERT_OK_AND_ASSIGN(auto store, cache::OpenStore(store_url_));
     catalog_ = std::make_unique<cache::Catalog>(store);
-    ASSERT_OK(MakeBusyboxTree(dir_.Sub("busybox")));
+    ASSERT_OK(testing::MakeBusyboxRoot(dir_.Sub("busybox")));
     Publish(dir_.Sub("busybox"), "busybox", cache::LayerKind::kBase);
   }
 

@@ -44,21 +44,6 @@ using testing::RandomBytes;
 constexpr uint32_t kShift = 100000;
 const IdMapping kSandboxIds{0, kShift, 65536};
 
-// A busybox root filesystem: /bin/busybox and a link per applet.
-Status MakeBusyboxTree(const std::string& root) {
-  for (const char* d : {"bin", "tmp", "etc", "root"}) STRATA_RETURN_IF_ERROR(MakeDirs(root + "/" + d));
-  STRATA_RETURN_IF_ERROR(RunChecked({.argv = {"cp", "/bin/busybox", root + "/bin/busybox"}}, "copy busybox").status());
-  STRATA_ASSIGN_OR_RETURN(auto list, RunChecked({.argv = {"/bin/busybox", "--list"}}, "list applets"));
-  for (const auto& applet : Split(list.out, '\n')) {
-    if (applet.empty() || applet == "busybox") continue;
-    if (::symlink("busybox", (root + "/bin/" + applet).c_str()) != 0 && errno != EEXIST) {
-      return ErrnoError(errno, "symlink " + applet);
-    }
-  }
-  if (::chmod((root + "/tmp").c_str(), 01777) != 0) return ErrnoError(errno, "chmod tmp");
-  return OkStatus();
-}
-
 // Runs argv as the root of a sandbox (the user namespace `userns_fd`,
 // uid/gid 0 inside), chrooted into `root` when it is not empty. Returns the
 // exit status; stdout and stderr go to `log`.
@@ -138,7 +123,7 @@ class PackdiffTest : public ::testing::Test {
   void PublishRichBase() {
     const std::string src = dir_.Sub("base-src");
     ASSERT_OK(MakeDirs(src));
-    ASSERT_OK(MakeBusyboxTree(src));
+    ASSERT_OK(testing::MakeBusyboxRoot(src));
     ASSERT_OK(testing::MakeRichTree(src, {.large_sparse_file = false}));
     // A whiteout in a directory no layer merges with shows as a broken
     // entry in any overlay; a base has no use for one.

@@ -16,6 +16,7 @@
 #include "common/fs.h"
 #include "common/hash.h"
 #include "common/strings.h"
+#include "common/subprocess.h"
 #include "common/unix_socket.h"
 #include "tests/testing/test_util.h"
 
@@ -405,6 +406,21 @@ std::vector<std::string> DiffTrees(const TreeSnapshot& want, const TreeSnapshot&
     if (!want.count(path)) add("unexpected: " + Quote(path));
   }
   return out;
+}
+
+Status MakeBusyboxRoot(const std::string& root) {
+  for (const char* d : {"bin", "proc", "sys", "dev", "tmp", "etc", "root", "mnt"}) STRATA_RETURN_IF_ERROR(MakeDirs(root + "/" + d));
+  STRATA_RETURN_IF_ERROR(RunChecked({.argv = {"cp", "/bin/busybox", root + "/bin/busybox"}}, "copy busybox").status());
+  STRATA_ASSIGN_OR_RETURN(auto list, RunChecked({.argv = {"/bin/busybox", "--list"}}, "list applets"));
+  for (const auto& applet : Split(list.out, '\n')) {
+    if (applet.empty() || applet == "busybox") continue;
+    if (::symlink("busybox", (root + "/bin/" + applet).c_str()) != 0 && errno != EEXIST) {
+      return ErrnoError(errno, "symlink " + applet);
+    }
+  }
+  STRATA_RETURN_IF_ERROR(WriteFileAtomic(root + "/etc/passwd", "root:x:0:0:root:/root:/bin/sh\n"));
+  if (::chmod((root + "/tmp").c_str(), 01777) != 0) return ErrnoError(errno, "chmod tmp");
+  return OkStatus();
 }
 
 }  // namespace strata::testing

@@ -30,6 +30,10 @@ struct RichTreeOptions {
 // with odd bytes and of 255 bytes, and deep and wide directories. Needs root.
 Status MakeRichTree(const std::string& root, const RichTreeOptions& options = {});
 
+// A busybox root filesystem: /bin/busybox and a link per applet, the usual
+// top directories (/tmp 1777), and /etc/passwd with root.
+Status MakeBusyboxRoot(const std::string& root);
+
 struct NodeInfo {
   mode_t mode = 0;  // type and permissions
   uid_t uid = 0;
