@@ -65,21 +65,21 @@ Status CheckTraversable(const std::string& dir, uid_t uid) {
 const char* const kControllers[] = {"memory", "cpu", "cpuacct", "cpuset", "pids", "devices", "freezer", "blkio",
                                     "hugetlb", "systemd", "unified", "net_cls", "net_prio", "perf_event", "rdma", "misc"};
 
-// Removes the sandbox's cgroups in every hierarchy (the runtime normally has).
+// Removes the sandbox's cgroups in every hierarchy (the runtime normally
+// has): whatever still runs inside is a leftover of this sandbox and is
+// killed first; a cgroup stays busy until its last process is reaped.
 void RemoveCgroups(const std::string& relative) {
-  for (const char* c : kControllers) {
-    std::string dir = StrCat("/sys/fs/cgroup/", c, "/", relative);
+  std::vector<std::string> dirs;
+  for (const char* c : kControllers) dirs.push_back(StrCat("/sys/fs/cgroup/", c, "/", relative));
+  if (::access("/sys/fs/cgroup/cgroup.controllers", F_OK) == 0) dirs.push_back("/sys/fs/cgroup/" + relative);  // pure v2
+  for (const auto& dir : dirs) {
     if (::access(dir.c_str(), F_OK) != 0) continue;
-    // Anything still inside is a leftover of this sandbox: kill it first.
     std::ifstream procs(dir + "/cgroup.procs");
     pid_t pid;
     while (procs >> pid) ::kill(pid, SIGKILL);
     for (int i = 0; i < 100 && ::rmdir(dir.c_str()) != 0 && errno == EBUSY; ++i) {
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
-  }
-  if (::access("/sys/fs/cgroup/cgroup.controllers", F_OK) == 0) {  // pure v2 hosts
-    ::rmdir(("/sys/fs/cgroup/" + relative).c_str());
   }
 }
 

@@ -5,6 +5,7 @@
 #include <poll.h>
 #include <sys/socket.h>
 
+#include "common/unique_fd.h"
 #include "tests/launcher/fixture.h"
 
 namespace strata::launcher {
@@ -87,25 +88,33 @@ TEST_F(LauncherTest, SandboxesAreIsolated) {
 }
 
 TEST_F(LauncherTest, NoNetworkReachesNothingOnTheHost) {
-  int server = ::socket(AF_INET, SOCK_STREAM, 0);
+  UniqueFd server(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(::bind(server, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
-  ASSERT_EQ(::listen(server, 4), 0);
+  ASSERT_EQ(::bind(server.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  ASSERT_EQ(::listen(server.get(), 4), 0);
   socklen_t len = sizeof addr;
-  ::getsockname(server, reinterpret_cast<sockaddr*>(&addr), &len);
+  ::getsockname(server.get(), reinterpret_cast<sockaddr*>(&addr), &len);
   std::string port = std::to_string(ntohs(addr.sin_port));
-  std::atomic<bool> stop{false};
-  std::thread acceptor([&] {  // answers and hangs up, so a client that got through finishes
-    while (!stop) {
-      pollfd p{server, POLLIN, 0};
+  // Answers and hangs up, so a client that got through finishes; stopped
+  // and joined however the test ends.
+  struct Acceptor {
+    std::atomic<bool> stop{false};
+    std::thread thread;
+    ~Acceptor() {
+      stop = true;
+      if (thread.joinable()) thread.join();
+    }
+  } acceptor;
+  acceptor.thread = std::thread([&] {
+    while (!acceptor.stop) {
+      pollfd p{server.get(), POLLIN, 0};
       if (::poll(&p, 1, 100) > 0) {
-        int c = ::accept(server, nullptr, nullptr);
-        if (c >= 0) {
-          ssize_t w = ::write(c, "hi\n", 3);
+        UniqueFd c(::accept4(server.get(), nullptr, nullptr, SOCK_CLOEXEC));
+        if (c) {
+          ssize_t w = ::write(c.get(), "hi\n", 3);
           (void)w;
-          ::close(c);
         }
       }
     }
@@ -116,9 +125,6 @@ TEST_F(LauncherTest, NoNetworkReachesNothingOnTheHost) {
   EXPECT_EQ(lo.out, "1\n");  // loopback only
   ASSERT_OK_AND_ASSIGN(auto host, Run({"--net", "host", "--layer", "busybox:1", "--", "sh", "-c", "nc -w 2 127.0.0.1 " + port + " </dev/null && echo reached"}));
   EXPECT_NE(host.out.find("reached"), std::string::npos) << host.err;
-  stop = true;
-  acceptor.join();
-  ::close(server);
 }
 
 TEST_F(LauncherTest, LimitsHold) {
