@@ -158,7 +158,10 @@ class PackdiffTest : public ::testing::Test {
       auto h = daemon_->Acquire(layer.digest.Hex(), store_url_, o.holder,
                                 idmapped ? std::optional<IdMapping>(kSandboxIds) : std::nullopt);
       EXPECT_TRUE(h.ok()) << h.status().ToString();
-      if (!h.ok()) return "";
+      if (!h.ok()) {
+        for (const auto& d : o.layers) daemon_->Release(d, o.holder).IgnoreError();
+        return "";
+      }
       o.layers.push_back(layer.digest);
       lowers.insert(lowers.begin(), h->path);
     }
@@ -811,7 +814,7 @@ TEST_F(BadUpperTest, KilledAtAnyMomentPublishesAllOrNothing) {
                                        store_url_},
                               .env = {"TMPDIR=" + tmp}});
   };
-  int completed = 0;
+  int completed = 0, left_behind = 0;
   for (int delay_ms : {5, 30, 80, 150, 300, 600}) {
     SCOPED_TRACE(delay_ms);
     const std::string tag = StrCat("killed-", delay_ms);
@@ -819,6 +822,8 @@ TEST_F(BadUpperTest, KilledAtAnyMomentPublishesAllOrNothing) {
     std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
     p.Kill(SIGKILL);
     ASSERT_OK_AND_ASSIGN(auto result, p.Wait());
+    ASSERT_OK_AND_ASSIGN(auto in_tmp, RunChecked({.argv = {"ls", "-A", tmp}}, "ls"));
+    if (!in_tmp.out.empty()) ++left_behind;
     auto t = catalog_->GetTag(tag, "1");
     if (!t.ok()) {
       EXPECT_EQ(t.status().code(), ENOENT);
@@ -828,7 +833,9 @@ TEST_F(BadUpperTest, KilledAtAnyMomentPublishesAllOrNothing) {
     ASSERT_OK_AND_ASSIGN(auto report, layerctl::Verify(*catalog_, t->digest));
     EXPECT_TRUE(report.ok()) << Join(report.problems, "\n");
   }
-  // Killed runs left their build directories; the next run sweeps them.
+  // Killed runs left their build directories (each run sweeps those of the
+  // runs before it); the next run sweeps them.
+  EXPECT_GT(left_behind, 0) << "no killed run left a build directory in TMPDIR: the sweep goes untested";
   ASSERT_OK_AND_ASSIGN(Subprocess last, start("final:1"));
   ASSERT_OK_AND_ASSIGN(auto done, last.Wait());
   ASSERT_EQ(done.exit_code, 0) << done.err;
