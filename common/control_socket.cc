@@ -4,6 +4,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <chrono>
+#include <cstring>
+#include <system_error>
+
 #include "common/frame.h"
 #include "common/log.h"
 #include "common/strings.h"
@@ -35,6 +39,9 @@ ControlServer::~ControlServer() {
   ::shutdown(listener_.get(), SHUT_RDWR);  // wakes accept()
   if (acceptor_.joinable()) acceptor_.join();
   std::unique_lock lock(mu_);
+  // Callers still connected get their connection ended: a handler waiting
+  // on one returns at once (a running mount still finishes).
+  for (int fd : live_) ::shutdown(fd, SHUT_RDWR);
   idle_.wait(lock, [&] { return running_ == 0; });
   ::unlink(socket_path_.c_str());
 }
@@ -44,28 +51,41 @@ void ControlServer::AcceptLoop() {
     int fd = ::accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC);
     if (fd < 0) {
       if (errno == EINTR || errno == ECONNABORTED) continue;
-      if (!stopping_) STRATA_LOG(kError) << "control socket " << socket_path_ << ": accept: " << std::strerror(errno);
-      return;
+      if (stopping_) return;
+      // Out of descriptors or memory: say so, and go on once there may be some.
+      STRATA_LOG(kError) << "control socket " << socket_path_ << ": accept: " << std::strerror(errno);
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      continue;
     }
-    if (stopping_) {
-      ::close(fd);
-      return;
-    }
+    UniqueFd conn(fd);
+    if (stopping_) return;
+    // A caller that stalls cannot hold a handler (and so the server's
+    // shutdown) for long: it has this long to send and to take the answer.
+    timeval tv{30, 0};
+    ::setsockopt(conn.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    ::setsockopt(conn.get(), SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
     std::lock_guard lock(mu_);
-    ++running_;
-    std::thread([this, fd] {
-      Serve(UniqueFd(fd));
-      std::lock_guard done(mu_);
-      if (--running_ == 0) idle_.notify_all();
-    }).detach();
+    try {
+      std::thread([this, c = std::make_shared<UniqueFd>(std::move(conn))] {
+        Serve(c->get());
+        std::lock_guard done(mu_);
+        live_.erase(c->get());
+        c->reset();  // closed while no shutdown can aim at its number
+        if (--running_ == 0) idle_.notify_all();
+      }).detach();
+      live_.insert(fd);
+      ++running_;
+    } catch (const std::system_error& e) {
+      STRATA_LOG(kError) << "control socket " << socket_path_ << ": no thread for a connection: " << e.what();
+    }
   }
 }
 
-void ControlServer::Serve(UniqueFd conn) {
+void ControlServer::Serve(int conn) {
   ControlRequest request;
   ucred cred{};
   socklen_t len = sizeof cred;
-  if (::getsockopt(conn.get(), SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0) {
+  if (::getsockopt(conn, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0) {
     request.peer_uid = cred.uid;
     request.peer_gid = cred.gid;
     request.peer_pid = cred.pid;
@@ -73,7 +93,7 @@ void ControlServer::Serve(UniqueFd conn) {
   uint8_t type = 0;
   std::string payload;
   Result<json> answer = Error(EPROTO, "control socket: malformed request");
-  if (ReadFrame(conn.get(), &type, &payload).ok() && type == kRequest) {
+  if (ReadFrame(conn, &type, &payload).ok() && type == kRequest) {
     json j = json::parse(payload, nullptr, false);
     if (j.is_object() && j.contains("op") && j["op"].is_string()) {
       request.op = j["op"].get<std::string>();
@@ -85,11 +105,12 @@ void ControlServer::Serve(UniqueFd conn) {
       }
     }
   }
+  // Names need not be UTF-8: such bytes become U+FFFD rather than an exception.
+  auto text = [](const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); };
   if (answer.ok()) {
-    WriteFrame(conn.get(), kAnswer, answer->dump()).IgnoreError();
+    WriteFrame(conn, kAnswer, text(*answer)).IgnoreError();
   } else {
-    json error = {{"error", answer.status().ToString()}, {"errno", answer.status().code()}};
-    WriteFrame(conn.get(), kError, error.dump()).IgnoreError();
+    WriteFrame(conn, kError, text({{"error", answer.status().ToString()}, {"errno", answer.status().code()}})).IgnoreError();
   }
 }
 

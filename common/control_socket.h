@@ -11,6 +11,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -50,7 +51,7 @@ class ControlServer {
  private:
   ControlServer() = default;
   void AcceptLoop();
-  void Serve(UniqueFd conn);
+  void Serve(int conn);
 
   std::string socket_path_;
   ControlHandler handler_;
@@ -59,7 +60,8 @@ class ControlServer {
   std::atomic<bool> stopping_{false};
   std::mutex mu_;
   std::condition_variable idle_;
-  int running_ = 0;  // connections being served
+  int running_ = 0;     // connections being served
+  std::set<int> live_;  // their descriptors
 };
 
 // Sends one request to the server on `socket_path` and returns its answer.

@@ -1,6 +1,6 @@
-// HttpServer: the daemons' HTTP/JSON API on a unix socket (libmicrohttpd on
+// HttpServer: the launcher daemon's HTTP/JSON API on a unix socket (libmicrohttpd on
 // a socket we bind ourselves). One thread per connection, so a handler may
-// block (a mount fetching metadata, an exec streaming output).
+// block (an exec streaming output, a snapshot).
 #pragma once
 
 #include <sys/types.h>
@@ -18,15 +18,15 @@ class HttpServer {
  public:
   struct Request {
     std::string method;  // "GET", "POST", ...
-    std::string path;    // "/v1/mount"
+    std::string path;    // "/v1/sandboxes"
     std::map<std::string, std::string> query;
     std::map<std::string, std::string> headers;  // names lowercased
     std::string body;
     uid_t peer_uid = static_cast<uid_t>(-1);  // SO_PEERCRED of the client
     gid_t peer_gid = static_cast<gid_t>(-1);
     pid_t peer_pid = 0;
-    // The client's connection, to notice it going away (poll for POLLRDHUP
-    // only: never read, write or close it).
+    // The client's connection, to notice it going away (poll it, or a dup
+    // of it, for POLLHUP only: never read, write or close it).
     int connection_fd = -1;
   };
 

@@ -5,6 +5,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -12,6 +13,7 @@
 #include <chrono>
 #include <cstring>
 #include <map>
+#include <thread>
 
 #include "common/strings.h"
 
@@ -181,6 +183,24 @@ bool Subprocess::Running() {
     return false;
   }
   return true;
+}
+
+bool Subprocess::RunningAfter(Duration limit) {
+  if (!Running()) return false;
+  // A pidfd turns readable when the child exits: no polling interval.
+  UniqueFd pidfd(static_cast<int>(::syscall(SYS_pidfd_open, pid_, 0)));
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  while (Running()) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count();
+    if (left <= 0) return true;
+    if (pidfd) {
+      pollfd p{pidfd.get(), POLLIN, 0};
+      ::poll(&p, 1, static_cast<int>(std::min<int64_t>(left, 1000)));
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(std::min<int64_t>(left, 2)));
+    }
+  }
+  return false;
 }
 
 void Subprocess::KillAndReap() {

@@ -32,7 +32,7 @@ struct SubprocessOptions {
   std::optional<std::string> stdin_data;  // nullopt: stdin is /dev/null
   Duration timeout{0};                    // zero: no timeout
   // Descriptors the child gets at 3, 4, ... in this order (socket
-  // activation); every other descriptor stays close-on-exec.
+  // activation). Nothing else is passed that was opened close-on-exec.
   std::vector<int> pass_fds;
 };
 
@@ -66,6 +66,9 @@ class Subprocess {
   void Kill(int sig);
   // Whether the child still runs (reaps it, keeping its status for Wait()).
   bool Running();
+  // Waits up to `limit` for the child to exit (reaping it as Running()
+  // does); returns whether it still runs.
+  bool RunningAfter(Duration limit);
   // Lets the child run on without this object (no kill on destruction).
   void Detach() { pid_ = -1; }
 

@@ -48,11 +48,19 @@ Result<UniqueFd> ConnectUnix(const std::string& path, Duration reply_timeout) {
   STRATA_ASSIGN_OR_RETURN(sockaddr_un addr, Address(path, "connect to"));
   UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
   if (!fd) return ErrnoError(errno, "create unix socket");
-  if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) return ErrnoError(errno, "connect to " + path);
   if (reply_timeout.count() > 0) {
+    // SO_SNDTIMEO also bounds connect(): a server whose backlog is full
+    // (it stopped accepting) fails the call instead of blocking it.
     auto us = std::chrono::duration_cast<std::chrono::microseconds>(reply_timeout).count();
     timeval tv{static_cast<time_t>(us / 1000000), static_cast<suseconds_t>(us % 1000000)};
-    if (::setsockopt(fd.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) != 0) return ErrnoError(errno, "set a reply timeout on " + path);
+    if (::setsockopt(fd.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) != 0 ||
+        ::setsockopt(fd.get(), SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv) != 0) {
+      return ErrnoError(errno, "set timeouts on a connection to " + path);
+    }
+  }
+  if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    if (errno == EAGAIN) return Error(ETIMEDOUT, "connect to " + path + ": the server does not accept connections");
+    return ErrnoError(errno, "connect to " + path);
   }
   return fd;
 }

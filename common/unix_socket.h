@@ -17,8 +17,9 @@ namespace strata {
 // answers on is EADDRINUSE.
 Result<UniqueFd> ListenUnix(const std::string& path, mode_t mode, int backlog = 128);
 
-// Connects to `path` (close-on-exec). A non-zero `reply_timeout` bounds each
-// later read on the connection (SO_RCVTIMEO; a read past it fails EAGAIN).
+// Connects to `path` (close-on-exec). A non-zero `reply_timeout` bounds the
+// connect (a full backlog: ETIMEDOUT) and each later read and write on the
+// connection (SO_RCVTIMEO/SO_SNDTIMEO; one past it fails EAGAIN).
 Result<UniqueFd> ConnectUnix(const std::string& path, Duration reply_timeout = Duration{0});
 
 }  // namespace strata

@@ -116,10 +116,12 @@ Result<ExecResult> AgentClient::Exec(const ExecRequest& request, const OutputSin
   } joiner{feeder, fd.get()};
   while (true) {
     if (request.cancel_fd >= 0) {
-      pollfd p[2] = {{fd.get(), POLLIN, 0}, {request.cancel_fd, POLLRDHUP, 0}};
+      // Only a full close counts (POLLHUP; always reported): a caller that
+      // half-closes after its request still wants the answer.
+      pollfd p[2] = {{fd.get(), POLLIN, 0}, {request.cancel_fd, 0, 0}};
       while (::poll(p, 2, -1) < 0 && errno == EINTR) {
       }
-      if (!(p[0].revents & POLLIN) && (p[1].revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL))) {
+      if (!(p[0].revents & POLLIN) && (p[1].revents & (POLLHUP | POLLERR | POLLNVAL))) {
         return Error(ECANCELED, StrCat("exec ", request.argv[0], ": abandoned, the caller went away"));
       }
     }

@@ -5,8 +5,11 @@
 #include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
+#include <sys/statvfs.h>
+#include <sys/utsname.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 
@@ -184,14 +187,29 @@ DoctorCheck CheckCgroupMoves(bool fix) {
     c.detail = "no cgroup2 mount to set favordynmods on; every sandbox start waits for an RCU grace period";
     return c;
   }
+  utsname uts{};
+  ::uname(&uts);
+  if (std::atoi(uts.release) < 6) {  // the option came with Linux 6.0
+    c.detail = StrCat("Linux ", uts.release, " has no favordynmods: every sandbox start waits for an RCU grace period");
+    return c;
+  }
   if (!fix) {
     c.ok = false;
     c.detail = StrCat("every sandbox start waits 5-20 ms to move into its cgroup; `launcher doctor --fix` remounts ", cgroup2,
                       " with favordynmods (mount -o remount,favordynmods ", cgroup2, ")");
     return c;
   }
+  // A remount sets the mount's own flags too: keep them as they are.
+  struct statvfs vfs{};
+  unsigned long flags = MS_REMOUNT;
+  if (::statvfs(cgroup2.c_str(), &vfs) == 0) {
+    for (auto [st, ms] : {std::pair{ST_RDONLY, MS_RDONLY}, {ST_NOSUID, MS_NOSUID}, {ST_NODEV, MS_NODEV}, {ST_NOEXEC, MS_NOEXEC},
+                          {ST_NOATIME, MS_NOATIME}, {ST_NODIRATIME, MS_NODIRATIME}, {ST_RELATIME, MS_RELATIME}}) {
+      if (vfs.f_flag & st) flags |= ms;
+    }
+  }
   options += "favordynmods";
-  if (::mount(nullptr, cgroup2.c_str(), nullptr, MS_REMOUNT, options.c_str()) != 0) {
+  if (::mount(nullptr, cgroup2.c_str(), nullptr, flags, options.c_str()) != 0) {
     // Kernels before 6.0 do not know the option: slower, but nothing to fix.
     c.detail = ErrnoError(errno, StrCat("remount ", cgroup2, " with favordynmods")).ToString() +
                "; sandbox starts wait for an RCU grace period to move into their cgroup";

@@ -394,10 +394,9 @@ Status Sandbox::Destroy() {
     timer.Step("stop runtime");
   } else if (runtime_) {
     if (runtime_->Running() && agent_) agent_->Shutdown().IgnoreError();
-    for (int i = 0; i < 500 && runtime_->Running(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    if (runtime_->Running()) {
+    if (runtime_->RunningAfter(std::chrono::seconds(1))) {
       RunCommand({.argv = {node_.runtime, "kill", id_, "KILL"}, .timeout = std::chrono::seconds(10)}).status().IgnoreError();
-      for (int i = 0; i < 2500 && runtime_->Running(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      runtime_->RunningAfter(std::chrono::seconds(5));
     }
     runtime_.reset();  // kills and reaps whatever is left of the runtime's group
     timer.Step("stop runtime");

@@ -35,6 +35,7 @@ bool Contains(const std::string& outer, const std::string& inner) {
 
 Result<BuiltLayer> BuildLayer(const BuildOptions& options) {
   auto where = [&](std::string_view step) { return StrCat("build layer from ", options.source, ": ", step); };
+  STRATA_RETURN_IF_ERROR(CheckBuildOptions(options));
   struct stat src_st;
   const bool is_dir = options.source != "-" && ::stat(options.source.c_str(), &src_st) == 0 && S_ISDIR(src_st.st_mode);
   if (!is_dir && options.source != "-" && ::access(options.source.c_str(), R_OK) != 0) {

@@ -78,7 +78,10 @@ Result<BuiltLayer> Build(const BuildOptions& options, const FillImage& fill,
   return layer;
 }
 
-Status CheckOptions(const BuildOptions& options) {
+
+}  // namespace
+
+Status CheckBuildOptions(const BuildOptions& options) {
   if (options.chunk_size < 4096 || (options.chunk_size & (options.chunk_size - 1))) {
     return Error(EINVAL, StrCat("chunk size ", options.chunk_size, ": must be a power of two of at least 4096"));
   }
@@ -88,11 +91,9 @@ Status CheckOptions(const BuildOptions& options) {
   return OkStatus();
 }
 
-}  // namespace
-
 Result<BuiltLayer> BuildLayerFrom(const BuildOptions& options, const FillImage& fill,
                                   const std::function<SourceFacts()>& source_facts) {
-  STRATA_RETURN_IF_ERROR(CheckOptions(options));
+  STRATA_RETURN_IF_ERROR(CheckBuildOptions(options));
   return Build(options, fill, source_facts ? source_facts : [] { return SourceFacts{}; });
 }
 

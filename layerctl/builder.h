@@ -61,6 +61,9 @@ struct SourceFacts {
 // `source_facts` (asked once `fill` succeeded; none: "" and 0) describes it.
 // Same guarantees: nothing under the final names unless every step
 // succeeded, no temporary files left on failure.
+// Whether the options make sense (chunk size, parents only for diffs).
+Status CheckBuildOptions(const BuildOptions& options);
+
 Result<BuiltLayer> BuildLayerFrom(const BuildOptions& options, const FillImage& fill,
                                   const std::function<SourceFacts()>& source_facts = {});
 
