@@ -4,7 +4,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <stdexcept>
 
 #include "common/fs.h"
 
@@ -15,6 +17,19 @@ std::string SelfDir() {
   ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
   buf[n > 0 ? n : 0] = '\0';
   return Dirname(buf);
+}
+
+void Check(const Status& s) {
+  if (!s.ok()) throw std::runtime_error(s.ToString());
+}
+
+int BenchMain(const std::function<int()>& body) {
+  try {
+    return body();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s: %s\n", program_invocation_short_name, e.what());
+    return 1;
+  }
 }
 
 double Median(std::vector<double> samples) { return Percentile(std::move(samples), 50); }

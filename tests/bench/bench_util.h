@@ -2,8 +2,11 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <string>
 #include <vector>
+
+#include "common/status.h"
 
 namespace strata::bench {
 
@@ -30,5 +33,19 @@ std::string Fixed(double v, int digits);
 
 // The directory of this program (the build tree's tests/bench).
 std::string SelfDir();
+
+// Ends the benchmark with `s`'s message when it failed. Thrown, not
+// std::exit: every MountPoint, TempDir and Subprocess on the way out
+// undoes itself. BenchMain prints it.
+void Check(const Status& s);
+template <typename T>
+T Check(Result<T> r) {
+  Check(r.status());
+  return std::move(r).value();
+}
+
+// A benchmark's main: runs `body`; a failure prints "<program>: <why>" and
+// returns 1.
+int BenchMain(const std::function<int()>& body);
 
 }  // namespace strata::bench

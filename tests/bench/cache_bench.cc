@@ -21,17 +21,6 @@
 namespace strata::bench {
 namespace {
 
-void Check(const Status& s) {
-  if (!s.ok()) {
-    std::fprintf(stderr, "cache_bench: %s\n", s.ToString().c_str());
-    std::exit(1);
-  }
-}
-template <typename T>
-T Check(Result<T> r) {
-  Check(r.status());
-  return std::move(r).value();
-}
 
 constexpr size_t kChunk = 1 << 20;
 constexpr size_t kPiece = 128 << 10;
@@ -129,7 +118,7 @@ void SingleFlight(Table& table, std::chrono::milliseconds latency) {
 }  // namespace
 }  // namespace strata::bench
 
-int main() {
+static int Body() {
   using namespace strata::bench;
   Table table({"measure", "strata", "baseline", "baseline figure", "ratio", "target"});
   WarmReads(table);
@@ -137,4 +126,8 @@ int main() {
   SingleFlight(table, std::chrono::milliseconds(5));
   table.Print();
   return 0;
+}
+
+int main() {
+  return strata::bench::BenchMain([&] { return Body(); });
 }

@@ -35,17 +35,6 @@ namespace {
 
 using nlohmann::json;
 
-void Check(const Status& s) {
-  if (!s.ok()) {
-    std::fprintf(stderr, "daemon_bench: %s\n", s.ToString().c_str());
-    std::exit(1);
-  }
-}
-template <typename T>
-T Check(Result<T> r) {
-  Check(r.status());
-  return std::move(r).value();
-}
 
 struct Figures {
   double p50_ms = 0, p99_ms = 0, per_second = 0;
@@ -90,7 +79,7 @@ uint64_t MemAvailableKiB() {
 }  // namespace
 }  // namespace strata::bench
 
-int main(int argc, char** argv) {
+static int Body(int argc, char** argv) {
   using namespace strata;
   using namespace strata::bench;
   const int cycles = argc > 1 ? std::atoi(argv[1]) : 200;
@@ -230,4 +219,8 @@ int main(int argc, char** argv) {
          Fixed(crun_kib, 0), "", Fixed(crun_kib > 0 ? ours_kib / crun_kib : 0, 2)});
   t.Print();
   return 0;
+}
+
+int main(int argc, char** argv) {
+  return strata::bench::BenchMain([&] { return Body(argc, argv); });
 }

@@ -22,17 +22,6 @@
 namespace strata::bench {
 namespace {
 
-void Check(const Status& s) {
-  if (!s.ok()) {
-    std::fprintf(stderr, "launcher_bench: %s\n", s.ToString().c_str());
-    std::exit(1);
-  }
-}
-template <typename T>
-T Check(Result<T> r) {
-  Check(r.status());
-  return std::move(r).value();
-}
 
 struct Figures {
   double p50_ms, p99_ms, per_second;
@@ -60,18 +49,16 @@ std::vector<Figures> MeasureInterleaved(int runs, const std::vector<std::functio
 }
 
 void RunOk(SubprocessOptions o) {
+  const std::string program = o.argv[0];
   auto r = RunCommand(std::move(o));
-  if (!r.ok() || !r->success() || r->out != "hi\n") {
-    std::fprintf(stderr, "launcher_bench: run failed: %s %s\n", r.ok() ? r->err.c_str() : r.status().ToString().c_str(),
-                 r.ok() ? r->out.c_str() : "");
-    std::exit(1);
-  }
+  Check(r.status());
+  if (!r->success() || r->out != "hi\n") Check(Error(EIO, StrCat(program, " ", r->Describe(), ": ", r->out, r->err)));
 }
 
 }  // namespace
 }  // namespace strata::bench
 
-int main(int argc, char** argv) {
+static int Body(int argc, char** argv) {
   using namespace strata;
   using namespace strata::bench;
   const int runs = argc > 1 ? std::atoi(argv[1]) : 200;
@@ -155,4 +142,8 @@ int main(int argc, char** argv) {
   std::printf("%d runs each, one at a time, the four interleaved; target: launcher p50 ratio <= 1.3\n", runs);
   table.Print();
   return 0;
+}
+
+int main(int argc, char** argv) {
+  return strata::bench::BenchMain([&] { return Body(argc, argv); });
 }

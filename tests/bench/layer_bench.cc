@@ -25,14 +25,6 @@
 namespace strata::bench {
 namespace {
 
-void Check(const Status& s) {
-  if (!s.ok()) throw std::runtime_error(s.ToString());
-}
-template <typename T>
-T Check(Result<T> r) {
-  Check(r.status());
-  return std::move(r).value();
-}
 
 constexpr int kRepeats = 3;
 
@@ -169,10 +161,5 @@ int Main(int argc, char** argv) {
 }  // namespace strata::bench
 
 int main(int argc, char** argv) {
-  try {
-    return strata::bench::Main(argc, argv);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "layer_bench: %s\n", e.what());
-    return 1;
-  }
+  return strata::bench::BenchMain([&] { return strata::bench::Main(argc, argv); });
 }

@@ -44,14 +44,6 @@ namespace {
 using nlohmann::json;
 
 // Errors unwind to main, so every MountPoint and Subprocess undoes itself.
-void Check(const Status& s) {
-  if (!s.ok()) throw std::runtime_error(s.ToString());
-}
-template <typename T>
-T Check(Result<T> r) {
-  Check(r.status());
-  return std::move(r).value();
-}
 
 constexpr const char* kPython = "import json, email, http.client, sqlite3";
 constexpr size_t kRandomReads = 1000;
@@ -463,10 +455,5 @@ int Run(int argc, char** argv) {
 }  // namespace strata::bench
 
 int main(int argc, char** argv) {
-  try {
-    return strata::bench::Run(argc, argv);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "lazyfs_bench: %s\n", e.what());
-    return 1;
-  }
+  return strata::bench::BenchMain([&] { return strata::bench::Run(argc, argv); });
 }

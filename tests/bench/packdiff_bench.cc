@@ -34,20 +34,6 @@
 namespace strata::bench {
 namespace {
 
-// A failed step unwinds to main (not std::exit), so the mounts and
-// directories made so far are undone by their owners.
-struct Failed {
-  std::string message;
-};
-
-void Check(const Status& s) {
-  if (!s.ok()) throw Failed{s.ToString()};
-}
-template <typename T>
-T Check(Result<T> r) {
-  Check(r.status());
-  return std::move(r).value();
-}
 
 constexpr int kFiles = 5000;
 constexpr uint64_t kTotal = 100ull << 20;
@@ -246,15 +232,12 @@ int main() {
     std::fprintf(stderr, "packdiff_bench: needs root (an EROFS and an overlay mount)\n");
     return 1;
   }
-  try {
+  return BenchMain([] {
     TempDir dir = Check(TempDir::Create("strata-bench"));
     Table table({"measure", "strata", "baseline", "baseline figure", "ratio", "target"});
     PackALargeUpper(dir, table);
     OneFileChange(dir, table);
     table.Print();
-  } catch (const Failed& f) {
-    std::fprintf(stderr, "packdiff_bench: %s\n", f.message.c_str());
-    return 1;
-  }
-  return 0;
+    return 0;
+  });
 }

@@ -26,17 +26,6 @@
 namespace strata::bench {
 namespace {
 
-void Check(const Status& s) {
-  if (!s.ok()) {
-    std::fprintf(stderr, "stores_bench: %s\n", s.ToString().c_str());
-    std::exit(1);
-  }
-}
-template <typename T>
-T Check(Result<T> r) {
-  Check(r.status());
-  return std::move(r).value();
-}
 
 constexpr int kObjects = 256;
 constexpr size_t kObjectSize = 1 << 20;
@@ -75,7 +64,7 @@ double CacheColdFetch(const Target& t, const std::vector<Digest128>& ids) {
   }
   for (auto& th : threads) th.join();
   double secs = Seconds(Clock::now() - t0);
-  if (errors) std::exit(1);
+  if (errors) Check(Error(EIO, StrCat(errors.load(), " fetches failed")));
   cache->WaitForFetches();
   return secs;
 }
@@ -116,10 +105,7 @@ double RangeReads(const Target& t, const std::vector<std::string>& keys, const s
   }
   for (auto& th : threads) th.join();
   double secs = Seconds(Clock::now() - t0);
-  if (errors) {
-    std::fprintf(stderr, "stores_bench: %d range reads failed\n", errors.load());
-    std::exit(1);
-  }
+  if (errors) Check(Error(EIO, StrCat(errors.load(), " range reads failed")));
   return secs;
 }
 
@@ -158,7 +144,7 @@ void Measure(Table& table, const Target& t, const std::vector<Digest128>& ids) {
 }  // namespace
 }  // namespace strata::bench
 
-int main(int argc, char** argv) {
+static int Body(int argc, char** argv) {
   // Optional argument: "nginx" or "s3rver" to run one back end only.
   std::string only = argc > 1 ? argv[1] : "";
   using namespace strata::bench;
@@ -197,4 +183,8 @@ int main(int argc, char** argv) {
   }
   table.Print();
   return 0;
+}
+
+int main(int argc, char** argv) {
+  return strata::bench::BenchMain([&] { return Body(argc, argv); });
 }
