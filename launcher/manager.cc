@@ -105,6 +105,11 @@ void SandboxManager::ReapPools(bool all) {
         ++it;
       }
     }
+    std::erase_if(retired_, [&](const std::shared_ptr<Pool>& p) {
+      if (p->users > 0) return false;
+      idle.push_back(p);
+      return true;
+    });
   }
   for (auto& pool : idle) {
     const std::string id = pool->warm->id();
@@ -123,18 +128,18 @@ Result<std::shared_ptr<Sandbox>> SandboxManager::Container(Entry& entry, const c
   return entry.sandbox;
 }
 
+// Durable when they return: the registry is opened without MDB_NOSYNC, so
+// each commit is synced.
 Status SandboxManager::Record(const std::string& id, const json& record) {
   STRATA_ASSIGN_OR_RETURN(LmdbTxn txn, LmdbTxn::Begin(env_, false));
   STRATA_RETURN_IF_ERROR(txn.Put(db_, id, record.dump()).status());
-  STRATA_RETURN_IF_ERROR(txn.Commit());
-  return env_.Sync();
+  return txn.Commit();
 }
 
 Status SandboxManager::Forget(const std::string& id) {
   STRATA_ASSIGN_OR_RETURN(LmdbTxn txn, LmdbTxn::Begin(env_, false));
   STRATA_RETURN_IF_ERROR(txn.Del(db_, id).status());
-  STRATA_RETURN_IF_ERROR(txn.Commit());
-  return env_.Sync();
+  return txn.Commit();
 }
 
 Status SandboxManager::Recover() {
@@ -192,7 +197,7 @@ Status SandboxManager::Recover() {
       STRATA_LOG(kInfo) << "re-adopted function-call pool " << id;
       continue;
     }
-    if (sandbox.ok() && (status == "running" || status == "paused") && record.value("kind", "") != "pool" && (*sandbox)->Alive()) {
+    if (sandbox.ok() && status == "running" && record.value("kind", "") != "pool" && (*sandbox)->Alive()) {
       auto entry = std::make_shared<Entry>();
       entry->id = id;
       entry->sandbox = std::move(*sandbox);
@@ -201,9 +206,11 @@ Status SandboxManager::Recover() {
       STRATA_LOG(kInfo) << "re-adopted sandbox " << id;
       continue;
     }
-    // Dead, half-made or half-destroyed: remove whatever it left.
+    // Dead, half-made or half-destroyed: remove whatever it left, after a
+    // runtime the dead daemon started, which would finish creating it.
     STRATA_LOG(kWarn) << "removing sandbox " << id << " (" << (status.empty() ? "unknown" : status)
                       << (sandbox.ok() ? ", agent gone" : ", state lost") << ")";
+    KillRuntimeStragglers(JoinPath(node_.run_dir, id));
     if (sandbox.ok()) {
       Status s = (*sandbox)->Destroy();
       if (!s.ok()) STRATA_LOG(kWarn) << "remove sandbox " << id << ": " << s.ToString();
@@ -231,6 +238,7 @@ Status SandboxManager::Recover() {
       auto text = ReadFileToString(JoinPath(node_.run_dir, id) + "/state.json");
       json state = text.ok() ? json::parse(*text, nullptr, false) : json();
       if (!state.is_object() || !state.value("managed", false)) continue;  // a one-shot launcher's
+      KillRuntimeStragglers(JoinPath(node_.run_dir, id));
       if (auto sandbox = Sandbox::Adopt(id, node_); sandbox.ok()) {
         STRATA_LOG(kWarn) << "removing unrecorded sandbox " << id;
         (*sandbox)->Destroy().IgnoreError();
@@ -267,6 +275,18 @@ Result<json> SandboxManager::CreateCall(SandboxSpec spec) {
       pool = it->second;
       ++pool->users;
     }
+  }
+  if (pool && !pool->warm->Alive()) {
+    // Its agent died (killed, out of memory): a new pool for this and later
+    // sandboxes; the old one goes once its last user is destroyed.
+    STRATA_LOG(kWarn) << "function-call pool " << pool->warm->id() << " does not answer; starting a new one";
+    std::lock_guard lock(pools_mu_);
+    if (auto it = pools_.find(key); it != pools_.end() && it->second == pool) {
+      pools_.erase(it);
+      retired_.push_back(pool);
+    }
+    --pool->users;
+    pool.reset();
   }
   if (!pool) {
     // A new warm sandbox for this stack (two first creations may race: the

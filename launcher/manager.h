@@ -99,6 +99,9 @@ class SandboxManager {
   std::map<std::string, std::shared_ptr<Entry>> sandboxes_;
   std::mutex pools_mu_;  // taken after mu_ when both are needed
   std::map<std::string, std::shared_ptr<Pool>> pools_;  // by key
+  // Pools whose warm sandbox died while sandboxes still used them: no new
+  // user joins; removed once the last one is destroyed.
+  std::vector<std::shared_ptr<Pool>> retired_;
   std::thread reaper_;
   std::condition_variable reaper_cv_;
   bool stopping_ = false;

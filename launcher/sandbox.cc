@@ -83,8 +83,8 @@ void RemoveCgroups(const std::string& relative) {
   }
 }
 
-// A runtime still creating the container of `bundle` after its daemon died
-// (it would finish after the cleanup and leave a container nobody owns).
+}  // namespace
+
 void KillRuntimeStragglers(const std::string& bundle) {
   DIR* proc = ::opendir("/proc");
   if (!proc) return;
@@ -104,6 +104,8 @@ void KillRuntimeStragglers(const std::string& bundle) {
   }
   ::closedir(proc);
 }
+
+namespace {
 
 Status ReleaseLayers(lazyfs::Client& client, const std::string& holder, const std::vector<Digest128>& digests) {
   json list = json::array();
@@ -387,7 +389,6 @@ Status Sandbox::Destroy() {
   };
   // The container: ask the agent to end it, then make sure.
   if (node_.managed && !dir_.empty()) {
-    if (adopted_) KillRuntimeStragglers(dir_);  // its creator may have died mid-way
     if (agent_) agent_->Shutdown().IgnoreError();
     runtime_.reset();
     RunCommand({.argv = {node_.runtime, "delete", "--force", id_}, .timeout = std::chrono::seconds(10)}).status().IgnoreError();
@@ -443,7 +444,6 @@ Result<std::unique_ptr<Sandbox>> Sandbox::Adopt(const std::string& id, const Nod
   sb->store_url_ = state.value("store", "");
   sb->created_ = state.value("created", int64_t{0});
   sb->paused_ = state.value("paused", false);
-  sb->adopted_ = true;
   const json spec = state.value("spec", json::object());
   sb->spec_.layers = spec.value("layers", std::vector<std::string>{});
   sb->spec_.backend = spec.value("backend", std::string("container"));

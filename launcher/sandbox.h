@@ -109,7 +109,6 @@ class Sandbox {
   std::string id_, dir_, rootfs_, store_url_;
   int64_t created_ = 0;
   bool paused_ = false;
-  bool adopted_ = false;  // taken over after a daemon restart
   std::vector<cache::StackLayer> stack_;
   std::vector<Digest128> held_;       // layers acquired from lazyfs
   std::optional<UpperVolume> upper_;
@@ -125,5 +124,10 @@ std::string NewSandboxId();
 // Cleans up after sandboxes whose launcher died (kill -9, power loss):
 // every sandbox directory whose owner process is gone.
 Status SweepStaleSandboxes(const NodeConfig& node);
+
+// Kills a runtime still creating the container of `bundle` after the daemon
+// that started it died: it would finish after the cleanup and leave a
+// container nobody owns. (Reads every process's command line.)
+void KillRuntimeStragglers(const std::string& bundle);
 
 }  // namespace strata::launcher

@@ -167,7 +167,8 @@ HttpServer::Response LauncherServer::Route(const HttpServer::Request& req) {
   if (req.method == "GET" && req.path == "/v1/health") {
     return Json({{"ok", true}, {"pid", ::getpid()}, {"sandboxes", manager_.Count()}});
   }
-  json body = json::parse(req.body.empty() ? "{}" : req.body, nullptr, false);
+  // (A PUT's body is the file itself.)
+  json body = req.method == "PUT" ? json::object() : json::parse(req.body.empty() ? "{}" : req.body, nullptr, false);
   if (req.method != "PUT" && (body.is_discarded() || !body.is_object())) {
     return HttpServer::ErrorResponse(Error(EINVAL, "request body is not a JSON object"));
   }

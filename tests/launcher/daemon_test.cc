@@ -438,6 +438,13 @@ TEST_F(DaemonTest, FunctionCallsShareOnlyTheReadOnlyLayers) {
   ASSERT_OK_AND_ASSIGN(auto run, Run({"--backend", "fncall", "--layer", "busybox:1", "--", "echo", "warm"}));
   EXPECT_EQ(run.out, "warm\n") << run.err;
   EXPECT_EQ(Metric("strata_fncall_pools"), 1u);
+
+  // A pool whose agent died is not joined again: the next sandbox gets a
+  // new one, and the dead one is removed with the rest at shutdown.
+  for (const auto& pid : Lines(pool_cgroup)) ::kill(std::stoi(pid), SIGKILL);
+  ASSERT_OK_AND_ASSIGN(auto fresh, Run({"--backend", "fncall", "--layer", "busybox:1", "--", "echo", "again"}));
+  EXPECT_EQ(fresh.out, "again\n") << fresh.err;
+  EXPECT_EQ(Metric("strata_fncall_pools"), 1u);
 }
 
 TEST_F(DaemonTest, ASnapshotStartsNewSandboxesWhereTheAgentLeftOff) {
