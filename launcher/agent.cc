@@ -24,6 +24,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/fs.h"
 #include "launcher/agent_protocol.h"
 #include "launcher/oci_config.h"
 
@@ -43,14 +44,6 @@ Result<json> ParseJson(const std::string& payload) {
   json j = json::parse(payload, nullptr, false);
   if (j.is_discarded() || !j.is_object()) return Error(EINVAL, "agent: request is not a JSON object");
   return j;
-}
-
-Status MakeParents(const std::string& path) {
-  for (size_t pos = path.find('/', 1); pos != std::string::npos; pos = path.find('/', pos + 1)) {
-    std::string dir = path.substr(0, pos);
-    if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) return ErrnoError(errno, "mkdir " + dir);
-  }
-  return OkStatus();
 }
 
 // ---- Function calls: everything below runs in a forked child of a
@@ -207,14 +200,9 @@ int DropCallPrivileges(const std::string& seccomp) {
 const std::string* Agent::CallSeccomp() {
   std::lock_guard lock(mu_);
   if (call_seccomp_.empty()) {
-    UniqueFd fd(::open((std::string(kAgentSocketDir) + "/" + kCallSeccompName).c_str(), O_RDONLY | O_CLOEXEC));
-    if (!fd) return nullptr;
-    char buf[4096];
-    ssize_t n;
-    std::string bpf;
-    while ((n = ::read(fd.get(), buf, sizeof buf)) > 0) bpf.append(buf, static_cast<size_t>(n));
-    if (bpf.empty() || bpf.size() % sizeof(sock_filter) != 0) return nullptr;
-    call_seccomp_ = std::move(bpf);
+    auto bpf = ReadFileToString(std::string(kAgentSocketDir) + "/" + kCallSeccompName);
+    if (!bpf.ok() || bpf->empty() || bpf->size() % sizeof(sock_filter) != 0) return nullptr;
+    call_seccomp_ = std::move(*bpf);
   }
   return &call_seccomp_;
 }
@@ -455,7 +443,7 @@ Status Agent::Exec(int conn, const json& req) {
 Status Agent::Put(int conn, const json& req) {
   const std::string path = req.value("path", "");
   if (path.empty() || path[0] != '/') return SendError(conn, Error(EINVAL, "put: path must be absolute"));
-  Status s = MakeParents(path);
+  Status s = MakeDirs(Dirname(path));
   UniqueFd fd;
   if (s.ok()) {
     fd.reset(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, req.value("mode", 0644) & 07777));
@@ -468,13 +456,7 @@ Status Agent::Put(int conn, const json& req) {
     STRATA_RETURN_IF_ERROR(ReadFrame(conn, &type, &payload));
     if (type == Frame::kDataEnd) break;
     if (type != Frame::kData) return Error(EPROTO, "put: expected data frames");
-    size_t done = 0;
-    while (s.ok() && done < payload.size()) {
-      ssize_t w = ::write(fd.get(), payload.data() + done, payload.size() - done);
-      if (w < 0 && errno == EINTR) continue;
-      if (w < 0) s = ErrnoError(errno, "put: write " + path);
-      else done += static_cast<size_t>(w);
-    }
+    if (s.ok()) s = WriteFull(fd.get(), payload).Annotate("put: write " + path);
   }
   if (s.ok() && req.contains("uid") && ::fchown(fd.get(), req.value("uid", 0u), req.value("gid", 0u)) != 0) {
     s = ErrnoError(errno, "put: chown " + path);

@@ -32,16 +32,9 @@ int Fail(const Status& s) {
   return 125;  // like `docker run`: the launcher itself failed, not the command
 }
 
-void WriteAll(int fd, std::string_view bytes) {
-  while (!bytes.empty()) {
-    ssize_t n = ::write(fd, bytes.data(), bytes.size());
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return;
-    bytes.remove_prefix(static_cast<size_t>(n));
-  }
+void Print(int stream, std::string_view bytes) {
+  WriteFull(stream == 1 ? STDOUT_FILENO : STDERR_FILENO, bytes).IgnoreError();  // a closed pipe: nobody reads on
 }
-
-void Print(int stream, std::string_view bytes) { WriteAll(stream == 1 ? STDOUT_FILENO : STDERR_FILENO, bytes); }
 
 // The exit code of DESIGN.md for a finished command, with the notices.
 int Report(const ExecResult& r, uint64_t cap, uint64_t memory) {
