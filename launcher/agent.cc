@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "common/fs.h"
+#include "common/strings.h"
 #include "launcher/agent_protocol.h"
 #include "launcher/oci_config.h"
 
@@ -58,8 +59,30 @@ struct CallSpec {
   const std::string* seccomp;  // raw BPF
 };
 
-[[noreturn]] void FailCall(int error_fd, int e) {
-  ssize_t w = ::write(error_fd, &e, sizeof e);
+// What failed before a command could run, reported on the error pipe so
+// the launcher's message names the step, not just an errno.
+enum class StartStep : int { kExec, kChdir, kNamespaces, kMounts, kLoopback, kPrivileges, kFork };
+struct StartFailure {
+  StartStep step;
+  int err;
+};
+
+const char* StepName(StartStep step) {
+  switch (step) {
+    case StartStep::kExec: return "exec";
+    case StartStep::kChdir: return "enter the working directory";
+    case StartStep::kNamespaces: return "call: new namespaces";
+    case StartStep::kMounts: return "call: mount /proc, /tmp and /dev/shm";
+    case StartStep::kLoopback: return "call: bring loopback up";
+    case StartStep::kPrivileges: return "call: drop privileges and load seccomp";
+    case StartStep::kFork: return "call: fork";
+  }
+  return "start";
+}
+
+[[noreturn]] void FailStart(int error_fd, StartStep step, int e) {
+  StartFailure f{step, e};
+  ssize_t w = ::write(error_fd, &f, sizeof f);
   (void)w;
   ::_exit(127);
 }
@@ -132,21 +155,17 @@ int DropCallPrivileges(const std::string& seccomp) {
 // wait status on `status_fd`. When it exits the kernel kills everything
 // left in the call's PID namespace.
 [[noreturn]] void CallInit(const CallSpec& c, int status_fd) {
-  int e = SetUpCallMounts();
-  if (!e && c.new_network) e = LoopbackUp();
-  if (e) FailCall(c.error_fd, e);
+  if (int e = SetUpCallMounts()) FailStart(c.error_fd, StartStep::kMounts, e);
+  if (int e = c.new_network ? LoopbackUp() : 0) FailStart(c.error_fd, StartStep::kLoopback, e);
   pid_t cmd = ::fork();
-  if (cmd < 0) FailCall(c.error_fd, errno);
+  if (cmd < 0) FailStart(c.error_fd, StartStep::kFork, errno);
   if (cmd == 0) {
     ::close(status_fd);
-    e = DropCallPrivileges(*c.seccomp);
-    if (!e && ::chdir(c.cwd) != 0) e = errno;
-    if (!e) {
-      ::environ = c.envp;
-      ::execvp(c.argv[0], c.argv);
-      e = errno;
-    }
-    FailCall(c.error_fd, e);
+    if (int e = DropCallPrivileges(*c.seccomp)) FailStart(c.error_fd, StartStep::kPrivileges, e);
+    if (::chdir(c.cwd) != 0) FailStart(c.error_fd, StartStep::kChdir, errno);
+    ::environ = c.envp;
+    ::execvp(c.argv[0], c.argv);
+    FailStart(c.error_fd, StartStep::kExec, errno);
   }
   ::close(c.error_fd);
   for (int fd = 0; fd <= 2; ++fd) ::close(fd);  // the pipes end with the command's tree
@@ -166,11 +185,11 @@ int DropCallPrivileges(const std::string& seccomp) {
 // the way the command ended, so the agent sees its exit code or signal.
 [[noreturn]] void RunCall(const CallSpec& c) {
   int flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS | (c.new_network ? CLONE_NEWNET : 0);
-  if (::unshare(flags) != 0) FailCall(c.error_fd, errno);
+  if (::unshare(flags) != 0) FailStart(c.error_fd, StartStep::kNamespaces, errno);
   int status_pipe[2];
-  if (::pipe2(status_pipe, O_CLOEXEC) != 0) FailCall(c.error_fd, errno);
+  if (::pipe2(status_pipe, O_CLOEXEC) != 0) FailStart(c.error_fd, StartStep::kFork, errno);
   pid_t init = ::fork();
-  if (init < 0) FailCall(c.error_fd, errno);
+  if (init < 0) FailStart(c.error_fd, StartStep::kFork, errno);
   if (init == 0) {
     ::close(status_pipe[0]);
     CallInit(c, status_pipe[1]);
@@ -298,16 +317,10 @@ Status Agent::Exec(int conn, const json& req) {
       ::dup2(out_w.get(), 1);
       ::dup2(err_w.get(), 2);
       if (isolate) RunCall({cargv.data(), cenv.data(), cwd.c_str(), err_pipe_w.get(), isolate_network, call_seccomp});
-      int e = 0;
-      if (::chdir(cwd.c_str()) != 0) e = errno;
-      if (!e) {
-        ::environ = cenv.data();
-        ::execvp(cargv[0], cargv.data());
-        e = errno;
-      }
-      ssize_t w = ::write(err_pipe_w.get(), &e, sizeof e);
-      (void)w;
-      ::_exit(127);
+      if (::chdir(cwd.c_str()) != 0) FailStart(err_pipe_w.get(), StartStep::kChdir, errno);
+      ::environ = cenv.data();
+      ::execvp(cargv[0], cargv.data());
+      FailStart(err_pipe_w.get(), StartStep::kExec, errno);
     }
     if (pid > 0) {
       children_[pid] = -1;
@@ -320,10 +333,13 @@ Status Agent::Exec(int conn, const json& req) {
   err_w.reset();
   in_r.reset();
   err_pipe_w.reset();
-  int exec_errno = 0;
-  if (::read(err_pipe_r.get(), &exec_errno, sizeof exec_errno) == sizeof exec_errno) {
+  StartFailure failed{};
+  if (::read(err_pipe_r.get(), &failed, sizeof failed) == sizeof failed) {
     WaitChild(pid);
-    return SendError(conn, ErrnoError(exec_errno, "exec " + argv[0] + (exec_errno == ENOENT ? "" : " in " + cwd)));
+    std::string where = failed.step == StartStep::kExec ? "exec " + argv[0]
+                        : failed.step == StartStep::kChdir ? StrCat("exec ", argv[0], ": working directory ", cwd)
+                                                           : StrCat("exec ", argv[0], ": ", StepName(failed.step));
+    return SendError(conn, ErrnoError(failed.err, where));
   }
   if (!want_stdin) in_w.reset();
 

@@ -92,6 +92,10 @@ TEST_F(AgentTest, PutsAndGetsFiles) {
   std::string out, err;
   auto bad = Exec({.argv = {"/no/such/binary"}}, &out, &err);
   EXPECT_EQ(bad.status().code(), ENOENT);
+  // The step that failed is named: a missing working directory is not a missing program.
+  auto no_dir = Exec({.argv = {"true"}, .cwd = "/no/such/dir"}, &out, &err);
+  EXPECT_EQ(no_dir.status().code(), ENOENT);
+  EXPECT_NE(no_dir.status().ToString().find("working directory /no/such/dir"), std::string::npos) << no_dir.status().ToString();
 }
 
 TEST_F(AgentTest, WaitingForAGoneAgentFailsAtOnce) {
