@@ -50,9 +50,12 @@ Status DestroySubvolume(const std::string& root, const std::string& name) {
   return OkStatus();
 }
 
-}  // namespace
+Status QuotasOff(const std::string& path) {
+  return Error(ENOTCONN, StrCat("btrfs quotas are off at ", path, " (run `launcher doctor --fix` or `btrfs quota enable ", path, "`)"));
+}
 
-Status CheckUpperFilesystem(const std::string& path) {
+// btrfs at `path` (a statfs; no write).
+Status CheckBtrfs(const std::string& path) {
   struct statfs fs;
   if (::statfs(path.c_str(), &fs) != 0) {
     return ErrnoError(errno, StrCat("sandbox uppers at ", path, " (run `launcher doctor --fix` to create them)"));
@@ -61,15 +64,20 @@ Status CheckUpperFilesystem(const std::string& path) {
     return Error(ENOTSUP, StrCat("sandbox uppers at ", path,
                                  " are not on btrfs: per-sandbox size caps need btrfs qgroups (run `launcher doctor --fix`)"));
   }
+  return OkStatus();
+}
+
+}  // namespace
+
+Status CheckUpperFilesystem(const std::string& path) {
+  STRATA_RETURN_IF_ERROR(CheckBtrfs(path));
   UniqueFd fd(::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (!fd) return ErrnoError(errno, "open " + path);
   // A limit on the top-level qgroup fails with ENOTCONN when quotas are off.
   btrfs_ioctl_qgroup_limit_args probe{};
   probe.qgroupid = 5;  // the top level's own qgroup, which always exists
   probe.lim.flags = 0;
-  if (::ioctl(fd.get(), BTRFS_IOC_QGROUP_LIMIT, &probe) != 0 && errno == ENOTCONN) {
-    return Error(ENOTCONN, StrCat("btrfs quotas are off at ", path, " (run `launcher doctor --fix` or `btrfs quota enable ", path, "`)"));
-  }
+  if (::ioctl(fd.get(), BTRFS_IOC_QGROUP_LIMIT, &probe) != 0 && errno == ENOTCONN) return QuotasOff(path);
   return OkStatus();
 }
 
@@ -83,7 +91,9 @@ Status EnableQuotas(const std::string& path) {
 }
 
 Result<UpperStore> UpperStore::Open(const std::string& root) {
-  STRATA_RETURN_IF_ERROR(CheckUpperFilesystem(root));
+  // Only the filesystem type: the quota probe is a btrfs write transaction,
+  // too dear for every sandbox; Create finds quotas off by itself.
+  STRATA_RETURN_IF_ERROR(CheckBtrfs(root));
   UpperStore store;
   store.root_ = root;
   return store;
@@ -111,6 +121,7 @@ Result<UpperVolume> UpperStore::Create(const std::string& name, uint64_t limit_b
     limit.lim.flags = BTRFS_QGROUP_LIMIT_MAX_RFER;
     limit.lim.max_rfer = limit_bytes;
     if (::ioctl(sub.get(), BTRFS_IOC_QGROUP_LIMIT, &limit) != 0) {
+      if (errno == ENOTCONN) return QuotasOff(root_);
       return ErrnoError(errno, StrCat("limit ", volume.path_, " to ", FormatBytes(limit_bytes)));
     }
   }

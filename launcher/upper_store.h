@@ -44,7 +44,9 @@ class UpperVolume {
 
 class UpperStore {
  public:
-  // `root` must be a btrfs mount (or a directory on one) with quotas enabled.
+  // `root` must be a btrfs mount (or a directory on one) with quotas enabled
+  // (checked by doctor's CheckUpperFilesystem; Open checks only btrfs, and
+  // Create says so when quotas are off).
   static Result<UpperStore> Open(const std::string& root);
 
   // Creates subvolume `name` limited to `limit_bytes` (0: no limit), with
