@@ -569,6 +569,7 @@ Result<HttpResponse> HttpClient::Perform(const HttpRequest& request, std::string
       Curl().easy_setopt(c, CURLOPT_CUSTOMREQUEST, request.method.c_str());
     }
     if (!options_.unix_socket.empty()) Curl().easy_setopt(c, CURLOPT_UNIX_SOCKET_PATH, options_.unix_socket.c_str());
+    if (!options_.ca_file.empty()) Curl().easy_setopt(c, CURLOPT_CAINFO, options_.ca_file.c_str());
     if (!request.aws_sigv4.empty()) {
       Curl().easy_setopt(c, CURLOPT_AWS_SIGV4, request.aws_sigv4.c_str());
       Curl().easy_setopt(c, CURLOPT_USERNAME, request.access_key.c_str());

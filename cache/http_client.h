@@ -37,6 +37,9 @@ struct HttpOptions {
   Duration deadline = std::chrono::seconds(120);
   // Talk HTTP over this unix socket instead of TCP (the node daemons' APIs).
   std::string unix_socket;
+  // Trust the server certificates this PEM file's CAs signed (https://);
+  // empty: the system's CAs.
+  std::string ca_file;
 };
 
 // Applies one query parameter to `options`. Returns false (and leaves the

@@ -90,10 +90,10 @@ std::string RandomSuffix() {
 }
 }  // namespace
 
-Status WriteFileAtomic(const std::string& path, std::string_view data, bool durable) {
+Status WriteFileAtomic(const std::string& path, std::string_view data, bool durable, mode_t mode) {
   std::string tmp = StrCat(path, ".tmp-", getpid(), "-", RandomSuffix());
   {
-    STRATA_ASSIGN_OR_RETURN(UniqueFd fd, OpenFile(tmp, O_WRONLY | O_CREAT | O_EXCL, 0644));
+    STRATA_ASSIGN_OR_RETURN(UniqueFd fd, OpenFile(tmp, O_WRONLY | O_CREAT | O_EXCL, mode));
     Status s = WriteFull(fd.get(), data);
     if (s.ok() && durable && ::fsync(fd.get()) != 0) s = ErrnoError(errno, "fsync");
     if (!s.ok()) {

@@ -27,7 +27,8 @@ Result<std::string> ReadFileToString(const std::string& path);
 // Writes `data` to a temporary file beside `path`, fsyncs it when `durable`,
 // and renames it over `path`: readers see the old file or the new one,
 // never a part.
-Status WriteFileAtomic(const std::string& path, std::string_view data, bool durable = true);
+// The file gets `mode` (less the umask).
+Status WriteFileAtomic(const std::string& path, std::string_view data, bool durable = true, mode_t mode = 0644);
 
 // mkdir -p. Existing directories are fine.
 Status MakeDirs(const std::string& path, mode_t mode = 0755);

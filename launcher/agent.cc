@@ -459,26 +459,43 @@ Status Agent::Exec(int conn, const json& req) {
 Status Agent::Put(int conn, const json& req) {
   const std::string path = req.value("path", "");
   if (path.empty() || path[0] != '/') return SendError(conn, Error(EINVAL, "put: path must be absolute"));
+  // Into a temporary file beside the target, renamed over it only once
+  // every byte is in: a transfer cut short leaves the target as it was.
+  const std::string tmp = StrCat(Dirname(path), "/.strata-put-", ::getpid(), "-", ::syscall(SYS_gettid));
   Status s = MakeDirs(Dirname(path));
   UniqueFd fd;
   if (s.ok()) {
-    fd.reset(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, req.value("mode", 0644) & 07777));
-    if (!fd) s = ErrnoError(errno, "put: open " + path);
+    fd.reset(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600));
+    if (!fd) s = ErrnoError(errno, "put: create a file beside " + path);
   }
+  auto drop = [&] {
+    if (fd) ::unlink(tmp.c_str());
+  };
   // Read the data frames whatever happened, so the stream stays in step.
   while (true) {
     Frame type;
     std::string payload;
-    STRATA_RETURN_IF_ERROR(ReadFrame(conn, &type, &payload));
+    Status r = ReadFrame(conn, &type, &payload);
+    if (!r.ok()) {
+      drop();
+      return r;
+    }
     if (type == Frame::kDataEnd) break;
-    if (type != Frame::kData) return Error(EPROTO, "put: expected data frames");
+    if (type != Frame::kData) {
+      drop();
+      return Error(EPROTO, "put: expected data frames");
+    }
     if (s.ok()) s = WriteFull(fd.get(), payload).Annotate("put: write " + path);
   }
   if (s.ok() && req.contains("uid") && ::fchown(fd.get(), req.value("uid", 0u), req.value("gid", 0u)) != 0) {
     s = ErrnoError(errno, "put: chown " + path);
   }
   if (s.ok() && ::fchmod(fd.get(), req.value("mode", 0644) & 07777) != 0) s = ErrnoError(errno, "put: chmod " + path);
-  if (!s.ok()) return SendError(conn, s);
+  if (s.ok() && ::rename(tmp.c_str(), path.c_str()) != 0) s = ErrnoError(errno, "put: rename into " + path);
+  if (!s.ok()) {
+    drop();
+    return SendError(conn, s);
+  }
   return WriteFrame(conn, Frame::kOk, "{}");
 }
 

@@ -139,25 +139,43 @@ Result<ExecResult> AgentClient::Exec(const ExecRequest& request, const OutputSin
   }
 }
 
-Status AgentClient::Put(const std::string& path, std::string_view data, uint32_t mode,
-                        std::optional<std::pair<uint32_t, uint32_t>> owner) {
+Result<std::unique_ptr<AgentClient::PutStream>> AgentClient::BeginPut(const std::string& path, uint32_t mode,
+                                                                       std::optional<std::pair<uint32_t, uint32_t>> owner) {
   STRATA_ASSIGN_OR_RETURN(int raw, Connect());
-  UniqueFd fd(raw);
+  auto stream = std::make_unique<PutStream>();
+  stream->fd_.reset(raw);
+  stream->path_ = path;
   json req = {{"path", path}, {"mode", mode}};
   if (owner) {
     req["uid"] = owner->first;
     req["gid"] = owner->second;
   }
-  STRATA_RETURN_IF_ERROR(WriteFrame(fd.get(), Frame::kPut, req.dump()));
+  STRATA_RETURN_IF_ERROR(WriteFrame(stream->fd_.get(), Frame::kPut, req.dump()));
+  return stream;
+}
+
+Status AgentClient::PutStream::Write(std::string_view data) {
   for (size_t off = 0; off < data.size(); off += kMaxFrame) {
-    STRATA_RETURN_IF_ERROR(WriteFrame(fd.get(), Frame::kData, data.substr(off, kMaxFrame)));
+    Status s = WriteFrame(fd_.get(), Frame::kData, data.substr(off, kMaxFrame));
+    if (!s.ok()) return s.Annotate("put " + path_ + ": the agent went away");
   }
-  STRATA_RETURN_IF_ERROR(WriteFrame(fd.get(), Frame::kDataEnd, ""));
+  return OkStatus();
+}
+
+Status AgentClient::PutStream::Finish() {
+  STRATA_RETURN_IF_ERROR(WriteFrame(fd_.get(), Frame::kDataEnd, "").Annotate("put " + path_));
   Frame type;
   std::string payload;
-  STRATA_RETURN_IF_ERROR(ReadFrame(fd.get(), &type, &payload));
+  STRATA_RETURN_IF_ERROR(ReadFrame(fd_.get(), &type, &payload).Annotate("put " + path_ + ": no answer from the agent"));
   if (type == Frame::kError) return ParseErrorFrame(payload);
   return OkStatus();
+}
+
+Status AgentClient::Put(const std::string& path, std::string_view data, uint32_t mode,
+                        std::optional<std::pair<uint32_t, uint32_t>> owner) {
+  STRATA_ASSIGN_OR_RETURN(auto stream, BeginPut(path, mode, owner));
+  STRATA_RETURN_IF_ERROR(stream->Write(data));
+  return stream->Finish();
 }
 
 Result<std::string> AgentClient::Get(const std::string& path) {

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -9,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/status.h"
+#include "common/unique_fd.h"
 #include "common/units.h"
 #include "launcher/agent_protocol.h"
 
@@ -59,6 +61,27 @@ class AgentClient {
   Status WaitReady(Duration wait);
   Result<ExecResult> Exec(const ExecRequest& request, const OutputSink& sink);
   Status Put(const std::string& path, std::string_view data, uint32_t mode, std::optional<std::pair<uint32_t, uint32_t>> owner);
+
+  // A file sent in pieces as they come (an upload): Write() each piece,
+  // then Finish() for the agent's answer. The agent writes a temporary
+  // file beside `path` and renames it over `path` only at the end, so a
+  // stream dropped unfinished (destroyed without Finish) leaves `path` as
+  // it was.
+  class PutStream {
+   public:
+    Status Write(std::string_view piece);
+    Status Finish();
+    // Keeps `owner` (the sandbox) alive as long as the stream.
+    void Keep(std::shared_ptr<void> owner) { keep_ = std::move(owner); }
+
+   private:
+    friend class AgentClient;
+    UniqueFd fd_;
+    std::string path_;
+    std::shared_ptr<void> keep_;
+  };
+  Result<std::unique_ptr<PutStream>> BeginPut(const std::string& path, uint32_t mode,
+                                              std::optional<std::pair<uint32_t, uint32_t>> owner);
   Result<std::string> Get(const std::string& path);
   Result<nlohmann::json> Ping();
   // Asks the agent to kill everything and exit; the sandbox's init is gone after.

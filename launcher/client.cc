@@ -10,28 +10,54 @@ namespace strata::launcher {
 
 using nlohmann::json;
 
-LauncherClient::LauncherClient(std::string socket_path, std::string token)
-    : socket_path_(std::move(socket_path)), token_(std::move(token)) {
+LauncherClient::LauncherClient(DaemonAddress address) : address_(std::move(address)) {
   cache::HttpOptions o;
-  o.unix_socket = socket_path_;
+  const std::string& url = address_.url;
+  if (url.starts_with("http://") || url.starts_with("https://")) {
+    base_ = url;
+    while (base_.size() > 8 && base_.back() == '/') base_.pop_back();
+  } else {
+    socket_path_ = url.starts_with("unix://") ? url.substr(7) : url;
+    base_ = "http://launcher";
+    o.unix_socket = socket_path_;
+  }
+  o.ca_file = address_.ca_file;
   o.attempts = 1;
   o.connect_timeout = std::chrono::seconds(2);
   o.attempt_timeout = std::chrono::hours(24);  // an exec runs as long as its command
   o.deadline = std::chrono::hours(24);
-  http_ = std::make_unique<cache::HttpClient>("launcher daemon " + socket_path_, o);
+  http_ = std::make_unique<cache::HttpClient>("launcher daemon " + (socket_path_.empty() ? base_ : socket_path_), o);
 }
 
+LauncherClient::LauncherClient(std::string socket_path, std::string token)
+    : LauncherClient(DaemonAddress{"unix://" + socket_path, std::move(token), ""}) {}
+
 LauncherClient::~LauncherClient() = default;
+
+Result<HttpAnswer> LauncherClient::Raw(const std::string& method, const std::string& path, std::string_view body,
+                                       const std::vector<std::string>& headers,
+                                       const std::function<bool(std::string_view)>& sink) {
+  cache::HttpRequest r;
+  r.method = method;
+  r.url = base_ + path;
+  r.body = body;
+  r.sink = sink;
+  r.any_status = true;
+  r.headers = headers;
+  if (!address_.token.empty()) r.headers.push_back("Authorization: Bearer " + address_.token);
+  STRATA_ASSIGN_OR_RETURN(cache::HttpResponse response, http_->Perform(r, method + " " + path));
+  return HttpAnswer{response.status, std::move(response.body), std::move(response.headers)};
+}
 
 Result<std::string> LauncherClient::Call(const std::string& method, const std::string& path, std::string_view body,
                                          const std::function<bool(std::string_view)>& sink) {
   cache::HttpRequest r;
   r.method = method;
-  r.url = "http://launcher" + path;
+  r.url = base_ + path;
   r.body = body;
   r.sink = sink;
   r.any_status = true;
-  if (!token_.empty()) r.headers.push_back("Authorization: Bearer " + token_);
+  if (!address_.token.empty()) r.headers.push_back("Authorization: Bearer " + address_.token);
   STRATA_ASSIGN_OR_RETURN(cache::HttpResponse response, http_->Perform(r, method + " " + path));
   if (response.status / 100 != 2) {
     json j = json::parse(response.body, nullptr, false);
@@ -42,7 +68,10 @@ Result<std::string> LauncherClient::Call(const std::string& method, const std::s
   return response.body;
 }
 
-bool LauncherClient::Alive() { return ::access(socket_path_.c_str(), F_OK) == 0 && Call("GET", "/v1/health", "").ok(); }
+bool LauncherClient::Alive() {
+  if (!socket_path_.empty() && ::access(socket_path_.c_str(), F_OK) != 0) return false;
+  return Call("GET", "/v1/health", "").ok();
+}
 
 namespace {
 Result<json> ParseJson(const std::string& text) {

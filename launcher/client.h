@@ -14,12 +14,30 @@ class HttpClient;
 
 namespace strata::launcher {
 
+struct HttpAnswer {
+  long status = 0;
+  std::string body;
+  std::vector<std::pair<std::string, std::string>> headers;  // names lowercased
+};
+
+// Where a daemon is and how to reach it: `url` is "unix:///path",
+// "http(s)://HOST:PORT" or a bare socket path; `token` goes as
+// "Authorization: Bearer"; `ca_file` is the PEM of the CA that signed an
+// https daemon's certificate (empty: the system's).
+struct DaemonAddress {
+  std::string url = std::string("unix://") + "/run/strata/launcher.sock";
+  std::string token;
+  std::string ca_file;
+};
+
 class LauncherClient {
  public:
+  explicit LauncherClient(DaemonAddress address);
+  // A daemon on a unix socket.
   explicit LauncherClient(std::string socket_path, std::string token = "");
   ~LauncherClient();
 
-  // Whether a daemon answers on the socket.
+  // Whether a daemon answers.
   bool Alive();
   Result<nlohmann::json> Create(const nlohmann::json& spec);
   // Streams output to `sink` as it comes; returns how the command ended.
@@ -34,10 +52,20 @@ class LauncherClient {
   Result<nlohmann::json> Info(const std::string& id);
   Result<std::string> Metrics();
 
+  // Any call, with extra headers ("Idempotency-Key: k"), every status
+  // returned as it is (for tests, benchmarks and the SDK's model).
+  Result<struct HttpAnswer> Raw(const std::string& method, const std::string& path, std::string_view body,
+                                const std::vector<std::string>& headers = {},
+                                const std::function<bool(std::string_view)>& sink = nullptr);
+
+  const DaemonAddress& address() const { return address_; }
+
  private:
   Result<std::string> Call(const std::string& method, const std::string& path, std::string_view body,
                            const std::function<bool(std::string_view)>& sink = nullptr);
-  std::string socket_path_, token_;
+  DaemonAddress address_;
+  std::string base_;         // "http://launcher" or the daemon's http(s) URL
+  std::string socket_path_;  // for a unix daemon
   std::unique_ptr<cache::HttpClient> http_;
 };
 

@@ -20,6 +20,8 @@
 #include "launcher/manager.h"
 #include "launcher/sandbox.h"
 #include "launcher/server.h"
+#include "launcher/tenants.h"
+#include "common/crypto.h"
 
 namespace {
 
@@ -159,11 +161,21 @@ int Serve(const ServeOptions& options, const NodeConfig& node) {
   if (!manager.ok()) return Fail(manager.status());
   std::fprintf(stderr, "launcher: re-adopted %d sandboxes, removed %d\n", (*manager)->recovery().adopted,
                (*manager)->recovery().removed);
-  auto server = LauncherServer::Start(options, **manager);
+  std::vector<std::string> warnings;
+  auto server = LauncherServer::Start(options, **manager, &warnings);
   if (!server.ok()) return Fail(server.status());
-  std::fprintf(stderr, "launcher: serving on %s\n", options.socket_path.c_str());
+  for (const auto& w : warnings) std::fprintf(stderr, "launcher: WARNING: %s\n", w.c_str());
+  for (const auto& url : (*server)->urls()) std::fprintf(stderr, "launcher: serving on %s\n", url.c_str());
   int sig = 0;
-  sigwait(&signals, &sig);
+  while (true) {
+    sigwait(&signals, &sig);
+    if (sig != SIGHUP) break;
+    // SIGHUP rereads the tokens: added and revoked tenants take effect at
+    // once; sandboxes are not touched.
+    Status s = (*server)->ReloadTokens();
+    if (s.ok()) std::fprintf(stderr, "launcher: SIGHUP: tokens reread\n");
+    else std::fprintf(stderr, "launcher: SIGHUP: %s\n", s.ToString().c_str());
+  }
   std::fprintf(stderr, "launcher: signal %d: stopping (sandboxes keep running; a restart re-adopts them)\n", sig);
   server->reset();
   return 0;
@@ -187,7 +199,9 @@ int main(int argc, char** argv) {
   SandboxSpec spec;
   ExecRequest request;
   std::string memory, disk = "10G", timeout, runtime, net = "none", output_cap = "1M", token_file;
-  std::string socket = std::getenv("STRATA_LAUNCHER_SOCKET") ? std::getenv("STRATA_LAUNCHER_SOCKET") : kDefaultLauncherSocket;
+  auto env_or = [](const char* name, const char* fallback) { return std::string(std::getenv(name) ? std::getenv(name) : fallback); };
+  std::string socket = env_or("STRATA_LAUNCHER_SOCKET", kDefaultLauncherSocket);
+  std::string url = env_or("STRATA_URL", ""), token = env_or("STRATA_TOKEN", ""), ca = env_or("STRATA_CA", "");
   double cpus = 0;
   int64_t pids = 0;
   bool verbose = false, with_stdin = false, as_json = false, no_daemon = false;
@@ -212,8 +226,11 @@ int main(int argc, char** argv) {
     c->add_option("--output-cap", output_cap, "bytes kept of each of stdout and stderr")->capture_default_str();
   };
   auto client_flags = [&](CLI::App* c) {
-    c->add_option("--socket", socket, "launcher daemon socket")->capture_default_str();
+    c->add_option("--socket", socket, "launcher daemon socket (the default daemon)")->capture_default_str();
+    c->add_option("--url", url, "daemon: http(s)://HOST:PORT or unix:///PATH (default: $STRATA_URL, else --socket)");
+    c->add_option("--token", token, "API token (default: $STRATA_TOKEN)");
     c->add_option("--token-file", token_file, "file holding the API token");
+    c->add_option("--ca", ca, "PEM of the CA that signed an https daemon's certificate (default: $STRATA_CA)");
   };
 
   auto* run = app.add_subcommand("run", "run one command in a fresh sandbox and remove it");
@@ -233,8 +250,40 @@ int main(int argc, char** argv) {
   auto* serve = app.add_subcommand("serve", "run the node daemon (API on a unix socket) in the foreground");
   serve->add_option("--socket", serve_options.socket_path, "socket")->capture_default_str();
   serve->add_option("--state", serve_options.state_dir, "state directory (LMDB registry)")->capture_default_str();
-  serve->add_option("--allow-group", serve_options.allow_group, "also allow members of this group");
-  serve->add_option("--token-file", token_file, "also allow callers presenting the token in this file");
+  serve->add_option("--allow-group", serve_options.allow_group, "also allow members of this group (as the operator)");
+  serve->add_option("--tokens", serve_options.tokens_file, "tenants and their token hashes (launcher token new)");
+  serve->add_option("--token-file", serve_options.legacy_token_file, "old single-token file (read as the tenant \"default\")");
+  serve->add_option("--listen", serve_options.listen, "also serve on TCP HOST:PORT (repeatable)");
+  serve->add_option("--tls-cert", serve_options.tls_cert_file, "PEM certificate (chain) for the TCP listeners");
+  serve->add_option("--tls-key", serve_options.tls_key_file, "PEM private key for the TCP listeners");
+  serve->add_flag("--insecure", serve_options.insecure, "allow TCP without tokens, or off loopback without TLS");
+  serve->add_option("--store", serve_options.stores, "a store sandboxes may use (repeatable; the first is the default)");
+  serve->add_option("--max-sandboxes", serve_options.max_sandboxes, "refuse creations beyond this many sandboxes (503)");
+  std::string memory_reserve, idle_timeout = "60s", request_timeout = "10s", max_body = "16M", max_upload = "4G";
+  serve->add_option("--memory-reserve", memory_reserve, "refuse creations while MemAvailable is below this (503)");
+  serve->add_option("--max-connections", serve_options.tcp_limits.max_connections, "TCP connections in all")->capture_default_str();
+  serve->add_option("--max-connections-per-client", serve_options.tcp_limits.max_per_client,
+                    "TCP connections from one address")->capture_default_str();
+  serve->add_option("--idle-timeout", idle_timeout, "close a TCP connection idle this long")->capture_default_str();
+  serve->add_option("--request-timeout", request_timeout, "a request's first line to its last byte (uploads excepted)")->capture_default_str();
+  serve->add_option("--max-body", max_body, "largest request body (uploads excepted)")->capture_default_str();
+  serve->add_option("--max-upload", max_upload, "largest file upload")->capture_default_str();
+
+  auto* token_cmd = app.add_subcommand("token", "add or revoke a tenant's API token in a tokens file");
+  token_cmd->require_subcommand(1);
+  std::string tenant_name, tokens_path;
+  Tenant new_tenant;
+  auto* token_new = token_cmd->add_subcommand("new", "add a tenant with a fresh token; prints only the token");
+  token_new->add_option("NAME", tenant_name, "tenant name")->required();
+  token_new->add_option("--tokens", tokens_path, "tokens file (created 0600)")->required();
+  token_new->add_option("--max-sandboxes", new_tenant.limits.max_sandboxes, "most sandboxes at once");
+  token_new->add_option("--creates-per-s", new_tenant.limits.creates_per_second, "most creations per second");
+  token_new->add_option("--store", new_tenant.limits.stores, "a store URL it may use besides the daemon's (repeatable)");
+  token_new->add_option("--layers", new_tenant.limits.layers, "a layer name pattern it may use (repeatable; default any)");
+  token_new->add_flag("--net-host", new_tenant.limits.net_host, "may ask for the host's network");
+  auto* token_revoke = token_cmd->add_subcommand("revoke", "remove a tenant (takes effect on the daemon's SIGHUP)");
+  token_revoke->add_option("NAME", tenant_name, "tenant name")->required();
+  token_revoke->add_option("--tokens", tokens_path, "tokens file")->required();
 
   auto* create = app.add_subcommand("create", "create a sandbox through the daemon; prints its id");
   sandbox_flags(create);
@@ -281,12 +330,30 @@ int main(int argc, char** argv) {
   }
   CLI11_PARSE(app, argc, argv);
 
-  std::string token;
   if (!token_file.empty()) {
     auto t = ReadFileToString(token_file);
     if (!t.ok()) return Fail(t.status().Annotate("--token-file"));
-    token = *t;
-    while (!token.empty() && (token.back() == '\n' || token.back() == ' ')) token.pop_back();
+    token = t->substr(0, t->find('\n'));
+    while (!token.empty() && (token.back() == '\r' || token.back() == ' ')) token.pop_back();
+  }
+  if (token_new->parsed()) {
+    auto t = NewToken();
+    if (!t.ok()) return Fail(t.status());
+    new_tenant.name = tenant_name;
+    auto hash = Sha256Hex(*t);
+    if (!hash.ok()) return Fail(hash.status());
+    new_tenant.token_sha256 = *hash;
+    // Checks the name and limits as the daemon will read them.
+    auto checked = ParseTenantLine(FormatTenantLine(new_tenant));
+    if (!checked.ok()) return Fail(checked.status());
+    Status s = AddTenant(tokens_path, *checked);
+    if (!s.ok()) return Fail(s);
+    std::printf("%s\n", t->c_str());
+    return 0;
+  }
+  if (token_revoke->parsed()) {
+    Status s = RevokeTenant(tokens_path, tenant_name);
+    return s.ok() ? 0 : Fail(s);
   }
 
   if (doctor->parsed()) {
@@ -304,7 +371,23 @@ int main(int argc, char** argv) {
     return all_ok ? 0 : 1;
   }
   if (serve->parsed()) {
-    serve_options.token = token;
+    auto parse = [](const std::string& text, const char* flag, auto* out, auto convert) -> Status {
+      if (text.empty()) return OkStatus();
+      auto v = convert(text);
+      if (!v.ok()) return v.status().Annotate(flag);
+      *out = *v;
+      return OkStatus();
+    };
+    auto& l = serve_options.tcp_limits;
+    for (Status s : {parse(memory_reserve, "--memory-reserve", &serve_options.memory_reserve, ParseSize),
+                     parse(idle_timeout, "--idle-timeout", &l.idle_timeout, ParseDuration),
+                     parse(request_timeout, "--request-timeout", &l.request_timeout, ParseDuration),
+                     parse(max_upload, "--max-upload", &l.max_upload_bytes, ParseSize)}) {
+      if (!s.ok()) return Fail(s);
+    }
+    auto body = ParseSize(max_body);
+    if (!body.ok()) return Fail(body.status().Annotate("--max-body"));
+    l.max_body_bytes = *body;
     return Serve(serve_options, node);
   }
 
@@ -331,7 +414,8 @@ int main(int argc, char** argv) {
   }
   // The daemon has its own environment: send the caller's store.
   if (spec.store.empty() && std::getenv("STRATA_STORE")) spec.store = std::getenv("STRATA_STORE");
-  LauncherClient client(socket, token);
+  const bool explicit_daemon = !url.empty();
+  LauncherClient client(DaemonAddress{url.empty() ? "unix://" + socket : url, token, ca});
 
   if (run->parsed()) {
     if (command.empty()) return Fail(Error(EINVAL, "run: no command given (launcher run [options] -- CMD [ARG ...])"));
@@ -339,6 +423,7 @@ int main(int argc, char** argv) {
     request.env = spec.env;
     request.cwd = spec.workdir;
     if (!no_daemon && client.Alive()) return RunThroughDaemon(client, spec, request, verbose);
+    if (explicit_daemon && !no_daemon) return Fail(Error(ECONNREFUSED, "run: no daemon answers at " + url));
     return RunHere(spec, node, request, verbose);
   }
   if (create->parsed()) {

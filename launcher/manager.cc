@@ -42,7 +42,9 @@ Result<std::unique_ptr<SandboxManager>> SandboxManager::Open(NodeConfig node, co
   std::unique_ptr<SandboxManager> m(new SandboxManager(std::move(node)));
   STRATA_RETURN_IF_ERROR(MakeDirs(state_dir, 0700));
   LmdbEnv::Options o;
-  o.map_size = size_t{256} << 20;
+  // Sparse: the map only reserves address space. Idempotent exec answers
+  // (output included) are what fills it.
+  o.map_size = size_t{4} << 30;
   STRATA_ASSIGN_OR_RETURN(m->env_, LmdbEnv::Open(state_dir, o));
   {
     STRATA_ASSIGN_OR_RETURN(LmdbTxn txn, LmdbTxn::Begin(m->env_, false));
@@ -51,11 +53,15 @@ Result<std::unique_ptr<SandboxManager>> SandboxManager::Open(NodeConfig node, co
   }
   Status s = m->Recover();
   if (!s.ok()) return s.Annotate("recover sandboxes from " + state_dir);
+  STRATA_ASSIGN_OR_RETURN(m->keys_, IdempotencyKeys::Open(m->env_));
+  m->keys_->Expire();
   m->reaper_ = std::thread([p = m.get()] {
     std::unique_lock lock(p->pools_mu_);
+    int rounds = 0;
     while (!p->reaper_cv_.wait_for(lock, std::chrono::seconds(5), [p] { return p->stopping_; })) {
       lock.unlock();
       p->ReapPools(false);
+      if (++rounds % 60 == 0) p->keys_->Expire();
       lock.lock();
     }
   });
@@ -82,13 +88,18 @@ SandboxManager::~SandboxManager() {
 }
 
 json SandboxManager::Entry::Info() const {
-  if (sandbox) return sandbox->Info();
+  if (sandbox) {
+    json info = sandbox->Info();
+    if (!owner.empty()) info["tenant"] = owner;
+    return info;
+  }
   json info = pool->warm->Info();
   info["id"] = id;
   info["backend"] = "fncall";
   info["state"] = "running";
   info["pool"] = pool->warm->id();
   info["created"] = created;
+  if (!owner.empty()) info["tenant"] = owner;
   return info;
 }
 
@@ -172,6 +183,7 @@ Status SandboxManager::Recover() {
         entry->pool = pool;
         entry->id = id;
         entry->created = record.value("created", int64_t{0});
+        entry->owner = record.value("owner", "");
         const json spec = record.value("spec", json::object());
         entry->spec.layers = spec.value("layers", std::vector<std::string>{});
         entry->spec.env = spec.value("env", std::vector<std::string>{});
@@ -200,6 +212,7 @@ Status SandboxManager::Recover() {
     if (sandbox.ok() && status == "running" && record.value("kind", "") != "pool" && (*sandbox)->Alive()) {
       auto entry = std::make_shared<Entry>();
       entry->id = id;
+      entry->owner = record.value("owner", "");
       entry->sandbox = std::move(*sandbox);
       sandboxes_[id] = entry;
       ++recovery_.adopted;
@@ -266,7 +279,7 @@ Status SandboxManager::Recover() {
   return OkStatus();
 }
 
-Result<json> SandboxManager::CreateCall(SandboxSpec spec) {
+Result<json> SandboxManager::CreateCall(SandboxSpec spec, const std::string& owner) {
   const std::string key = PoolKey(spec);
   std::shared_ptr<Pool> pool;
   {
@@ -331,8 +344,9 @@ Result<json> SandboxManager::CreateCall(SandboxSpec spec) {
   entry->created = static_cast<int64_t>(::time(nullptr));
   entry->pool = pool;
   entry->spec = spec;
+  entry->owner = owner;
   Status s = Record(entry->id, {{"status", "running"}, {"backend", "fncall"}, {"pool", pool->warm->id()},
-                                {"created", entry->created}, {"spec", CallSpecJson(spec)}});
+                                {"created", entry->created}, {"spec", CallSpecJson(spec)}, {"owner", owner}});
   if (!s.ok()) {
     std::lock_guard lock(pools_mu_);
     if (--pool->users == 0) pool->idle_since = std::chrono::steady_clock::now();
@@ -346,12 +360,13 @@ Result<json> SandboxManager::CreateCall(SandboxSpec spec) {
   return entry->Info();
 }
 
-Result<json> SandboxManager::Create(SandboxSpec spec) {
-  if (spec.backend == "fncall") return CreateCall(std::move(spec));
+Result<json> SandboxManager::Create(SandboxSpec spec, const std::string& owner) {
+  if (!spec.id.empty() && Exists(spec.id)) return Error(EEXIST, StrCat("sandbox ", spec.id, " exists"));
+  if (spec.backend == "fncall") return CreateCall(std::move(spec), owner);
   if (spec.id.empty()) spec.id = NewSandboxId();
   const std::string id = spec.id;
   // Recorded before anything exists, so a crash in the middle is cleaned up.
-  STRATA_RETURN_IF_ERROR(Record(id, {{"status", "creating"}, {"created", ::time(nullptr)}}));
+  STRATA_RETURN_IF_ERROR(Record(id, {{"status", "creating"}, {"created", ::time(nullptr)}, {"owner", owner}}));
   auto sandbox = Sandbox::Create(spec, node_);
   if (!sandbox.ok()) {
     ++creation_failures_;
@@ -359,7 +374,7 @@ Result<json> SandboxManager::Create(SandboxSpec spec) {
     return sandbox.status();
   }
   json info = (*sandbox)->Info();
-  Status s = Record(id, {{"status", "running"}, {"created", info["created"]}});
+  Status s = Record(id, {{"status", "running"}, {"created", info["created"]}, {"owner", owner}});
   if (!s.ok()) {
     (*sandbox)->Destroy().IgnoreError();
     Forget(id).IgnoreError();
@@ -367,12 +382,14 @@ Result<json> SandboxManager::Create(SandboxSpec spec) {
   }
   auto entry = std::make_shared<Entry>();
   entry->id = id;
+  entry->owner = owner;
   entry->sandbox = std::move(*sandbox);
   {
     std::lock_guard lock(mu_);
     sandboxes_[id] = entry;
   }
   ++creations_;
+  if (!owner.empty()) info["tenant"] = owner;
   return info;
 }
 
@@ -396,7 +413,7 @@ Result<ExecResult> SandboxManager::Exec(const std::string& id, ExecRequest reque
       if (request.env.empty()) request.env = entry->spec.env;
       if (request.cwd.empty()) request.cwd = entry->spec.workdir;
     } else {
-      if (entry->sandbox->paused()) return Error(EAGAIN, StrCat("sandbox ", id, " is paused; resume it first"));
+      if (entry->sandbox->paused()) return Error(EBUSY, StrCat("sandbox ", id, " is paused; resume it first"));
       sb = entry->sandbox;
     }
   }
@@ -423,6 +440,20 @@ Status SandboxManager::Put(const std::string& id, const std::string& path, std::
     STRATA_ASSIGN_OR_RETURN(sb, Container(*entry, "put"));
   }
   return sb->agent().Put(path, data, mode, std::nullopt);
+}
+
+Result<std::unique_ptr<AgentClient::PutStream>> SandboxManager::BeginPut(const std::string& id, const std::string& path,
+                                                                         uint32_t mode) {
+  STRATA_ASSIGN_OR_RETURN(auto entry, Find(id));
+  std::shared_ptr<Sandbox> sb;
+  {
+    std::lock_guard lock(entry->mu);
+    STRATA_ASSIGN_OR_RETURN(sb, Container(*entry, "put"));
+  }
+  // The stream keeps the sandbox object alive (like an exec) while it runs.
+  STRATA_ASSIGN_OR_RETURN(auto stream, sb->agent().BeginPut(path, mode, std::nullopt));
+  stream->Keep(sb);
+  return stream;
 }
 
 Result<std::string> SandboxManager::Get(const std::string& id, const std::string& path) {
@@ -542,11 +573,30 @@ size_t SandboxManager::Count() {
   return sandboxes_.size();
 }
 
-json SandboxManager::List() {
+size_t SandboxManager::CountOwned(const std::string& owner) {
+  std::lock_guard lock(mu_);
+  size_t n = 0;
+  for (auto& [id, e] : sandboxes_) n += e->owner == owner;
+  return n;
+}
+
+Result<std::string> SandboxManager::Owner(const std::string& id) {
+  STRATA_ASSIGN_OR_RETURN(auto entry, Find(id));
+  return entry->owner;
+}
+
+bool SandboxManager::Exists(const std::string& id) {
+  std::lock_guard lock(mu_);
+  return sandboxes_.count(id) > 0;
+}
+
+json SandboxManager::List(const std::optional<std::string>& owner) {
   std::vector<std::shared_ptr<Entry>> entries;
   {
     std::lock_guard lock(mu_);
-    for (auto& [id, e] : sandboxes_) entries.push_back(e);
+    for (auto& [id, e] : sandboxes_) {
+      if (!owner || e->owner == *owner) entries.push_back(e);
+    }
   }
   json out = json::array();
   for (auto& e : entries) {

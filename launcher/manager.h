@@ -10,6 +10,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -17,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/lmdb.h"
+#include "launcher/idempotency.h"
 #include "launcher/sandbox.h"
 
 namespace strata::launcher {
@@ -32,9 +34,13 @@ class SandboxManager {
   ~SandboxManager();
 
   // Returns Info() of the new sandbox (id, layers with digests, ...).
-  Result<nlohmann::json> Create(SandboxSpec spec);
+  // `owner` is the tenant it belongs to ("" for the operator's); a preset
+  // spec.id is used as it is (an idempotent retry names the ids it made).
+  Result<nlohmann::json> Create(SandboxSpec spec, const std::string& owner = "");
   Result<ExecResult> Exec(const std::string& id, ExecRequest request, const OutputSink& sink);
   Status Put(const std::string& id, const std::string& path, std::string_view data, uint32_t mode);
+  // Starts a file upload streamed to the sandbox piece by piece.
+  Result<std::unique_ptr<AgentClient::PutStream>> BeginPut(const std::string& id, const std::string& path, uint32_t mode);
   Result<std::string> Get(const std::string& id, const std::string& path);
   Status Pause(const std::string& id);
   Status Resume(const std::string& id);
@@ -45,8 +51,16 @@ class SandboxManager {
   Result<nlohmann::json> Snapshot(const std::string& id, const std::string& tag, std::vector<std::string> excludes);
   Status Destroy(const std::string& id);
   Result<nlohmann::json> Info(const std::string& id);
-  nlohmann::json List();
+  // Every sandbox, or only those of `owner` when it is set.
+  nlohmann::json List(const std::optional<std::string>& owner = std::nullopt);
   size_t Count();
+  // The sandboxes of `owner`.
+  size_t CountOwned(const std::string& owner);
+  // The tenant a sandbox belongs to ("" for the operator's), or ENOENT.
+  Result<std::string> Owner(const std::string& id);
+  // Whether the sandbox exists (also while being destroyed: false).
+  bool Exists(const std::string& id);
+  IdempotencyKeys& keys() { return *keys_; }
   // Prometheus text format.
   std::string Metrics();
   const NodeConfig& node() const { return node_; }
@@ -75,6 +89,7 @@ class SandboxManager {
     std::shared_ptr<Pool> pool;        // fncall back end
     SandboxSpec spec;                  // fncall: the caller's (env, workdir)
     std::string id;
+    std::string owner;  // tenant; "" for the operator's
     int64_t created = 0;
     bool gone() const { return !sandbox && !pool; }
     nlohmann::json Info() const;
@@ -82,7 +97,7 @@ class SandboxManager {
 
   SandboxManager(NodeConfig node) : node_(std::move(node)) {}
   Status Recover();
-  Result<nlohmann::json> CreateCall(SandboxSpec spec);
+  Result<nlohmann::json> CreateCall(SandboxSpec spec, const std::string& owner);
   // Destroys pools idle for longer than the grace period (all idle ones
   // with `all`).
   void ReapPools(bool all);
@@ -106,6 +121,7 @@ class SandboxManager {
   std::condition_variable reaper_cv_;
   bool stopping_ = false;
   Recovery recovery_;
+  std::unique_ptr<IdempotencyKeys> keys_;
 
   // Metrics.
   std::atomic<uint64_t> creations_{0}, creation_failures_{0}, destructions_{0}, execs_{0}, snapshots_{0};

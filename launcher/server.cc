@@ -1,15 +1,22 @@
-// LauncherServer: requests to SandboxManager calls.
+// LauncherServer: who may call, what they may ask for, and requests to
+// SandboxManager calls.
 #include "launcher/server.h"
 
 #include <fcntl.h>
 #include <grp.h>
+#include <poll.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <fstream>
 #include <memory>
 #include <sstream>
+#include <thread>
 
+#include "common/fs.h"
+#include "common/hash.h"
+#include "common/log.h"
 #include "common/strings.h"
 #include "common/unique_fd.h"
 #include "common/units.h"
@@ -18,15 +25,27 @@
 namespace strata::launcher {
 
 using nlohmann::json;
+using Response = HttpServer::Response;
+using Request = HttpServer::Request;
 
 namespace {
 
-HttpServer::Response Json(const json& j, int status = 200) {
-  HttpServer::Response r;
+// Most sandboxes one bulk create makes, and how many it makes at once.
+constexpr int kMaxBulk = 1000;
+constexpr int kBulkParallel = 8;
+
+std::string Dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+Response Json(const json& j, int status = 200) {
+  Response r;
   r.status = status;
-  r.body = j.dump();
+  r.body = Dump(j);
   return r;
 }
+
+Response Fail(const Status& s) { return HttpServer::ErrorResponse(s); }
+
+json ErrorJson(const Status& s) { return {{"error", s.ToString()}, {"errno", s.code()}}; }
 
 // Every group the peer process is in (SO_PEERCRED gives only its primary).
 bool InGroup(pid_t pid, gid_t primary, gid_t group) {
@@ -44,11 +63,9 @@ bool InGroup(pid_t pid, gid_t primary, gid_t group) {
   return false;
 }
 
-bool SameToken(std::string_view a, std::string_view b) {
-  if (a.size() != b.size()) return false;
-  unsigned char diff = 0;
-  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
-  return diff == 0;
+Result<uint64_t> SizeField(const json& j, const char* name) {
+  if (j[name].is_string()) return ParseSize(j[name].get<std::string>());
+  return j[name].get<uint64_t>();
 }
 
 Result<SandboxSpec> ParseSpec(const json& j) {
@@ -63,12 +80,10 @@ Result<SandboxSpec> ParseSpec(const json& j) {
     spec.limits.cpus = j.value("cpus", 0.0);
     spec.limits.pids = j.value("pids", int64_t{0});
     if (j.contains("memory")) {
-      STRATA_ASSIGN_OR_RETURN(spec.limits.memory, j["memory"].is_string() ? ParseSize(j["memory"].get<std::string>())
-                                                                          : Result<uint64_t>(j["memory"].get<uint64_t>()));
+      STRATA_ASSIGN_OR_RETURN(spec.limits.memory, SizeField(j, "memory"));
     }
     if (j.contains("disk")) {
-      STRATA_ASSIGN_OR_RETURN(spec.disk, j["disk"].is_string() ? ParseSize(j["disk"].get<std::string>())
-                                                               : Result<uint64_t>(j["disk"].get<uint64_t>()));
+      STRATA_ASSIGN_OR_RETURN(spec.disk, SizeField(j, "disk"));
     }
     std::string net = j.value("network", "none");
     if (net != "none" && net != "host") return Error(EINVAL, "create: network must be none or host");
@@ -106,26 +121,121 @@ Result<ExecRequest> ParseExec(const json& j) {
     return Error(EINVAL, StrCat("exec: ", e.what()));
   }
   if (r.argv.empty()) return Error(EINVAL, "exec: argv is empty");
+  for (const auto& a : r.argv) {
+    if (a.find('\0') != std::string::npos) return Error(EINVAL, "exec: an argument holds a NUL byte");
+  }
   return r;
+}
+
+// A path in a sandbox for the file calls: absolute, no NUL, no "..".
+Status CheckSandboxPath(const std::string& path) {
+  if (path.empty() || path[0] != '/') return Error(EINVAL, "files: ?path=/absolute/path is required");
+  if (path.size() > 4096) return Error(EINVAL, "files: path is longer than 4096 bytes");
+  if (path.find('\0') != std::string::npos) return Error(EINVAL, "files: path holds a NUL byte");
+  for (const auto& part : Split(path, '/')) {
+    if (part == "..") return Error(EINVAL, "files: path " + Quote(path) + " has a \"..\" component");
+  }
+  return OkStatus();
+}
+
+// MemAvailable of /proc/meminfo, in bytes.
+uint64_t MemAvailable() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  uint64_t kb = 0;
+  std::string unit;
+  while (in >> key >> kb >> unit) {
+    if (key == "MemAvailable:") return kb * 1024;
+  }
+  return 0;
+}
+
+bool ClientGone(int fd) {
+  if (fd < 0) return false;
+  pollfd p{fd, 0, 0};
+  return ::poll(&p, 1, 0) == 1 && (p.revents & (POLLHUP | POLLERR));
+}
+
+std::string Fingerprint(const Request& req, json body) {
+  body.erase("stream");  // how the answer is delivered is not the request
+  return HashBytes(StrCat(req.method, " ", req.path, "\n", Dump(body))).Hex();
+}
+
+// How an exec's answer goes out.
+enum class ExecFormat { kFrames, kNdjson, kJson };
+
+std::string EncodePiece(ExecFormat f, int stream, std::string_view bytes) {
+  if (f == ExecFormat::kFrames) return EncodeFrame(stream == 1 ? Frame::kStdout : Frame::kStderr, bytes);
+  return Dump({{stream == 1 ? "stdout" : "stderr", Base64Encode(bytes)}}) + "\n";
+}
+
+// The exec's ending: `answer` is the exit report (plus stdout/stderr) or
+// an error object.
+std::string EncodeEnd(ExecFormat f, const json& answer) {
+  const bool error = answer.contains("error");
+  if (f == ExecFormat::kFrames) {
+    json report = answer;
+    report.erase("stdout");
+    report.erase("stderr");
+    return EncodeFrame(error ? Frame::kError : Frame::kExit, Dump(report));
+  }
+  if (error) return Dump(answer) + "\n";
+  json report = answer;
+  report.erase("stdout");
+  report.erase("stderr");
+  return Dump({{"exit", report}}) + "\n";
+}
+
+const char* ContentType(ExecFormat f) {
+  return f == ExecFormat::kFrames ? "application/vnd.strata.frames" : "application/x-ndjson";
 }
 
 }  // namespace
 
-bool LauncherServer::Allowed(const HttpServer::Request& request, const ServeOptions& options, gid_t group) {
-  if (request.peer_uid == 0) return true;
-  if (group != static_cast<gid_t>(-1) && InGroup(request.peer_pid, request.peer_gid, group)) return true;
-  if (!options.token.empty()) {
-    auto it = request.headers.find("authorization");
-    if (it != request.headers.end() && it->second.starts_with("Bearer ") &&
-        SameToken(std::string_view(it->second).substr(7), options.token)) {
-      return true;
+Result<std::unique_ptr<LauncherServer>> LauncherServer::Start(const ServeOptions& options, SandboxManager& manager,
+                                                              std::vector<std::string>* warnings) {
+  std::unique_ptr<LauncherServer> s(new LauncherServer(options, manager));
+  if (!options.tokens_file.empty() && !options.legacy_token_file.empty()) {
+    return Error(EINVAL, "serve: give --tokens or the old --token-file, not both");
+  }
+  if (!options.tokens_file.empty()) {
+    STRATA_ASSIGN_OR_RETURN(auto tenants, LoadTokensFile(options.tokens_file));
+    s->tenants_.Replace(std::move(tenants));
+    s->have_tenants_ = true;
+  } else if (!options.legacy_token_file.empty()) {
+    STRATA_ASSIGN_OR_RETURN(auto tenants, LoadLegacyTokenFile(options.legacy_token_file));
+    s->tenants_.Replace(std::move(tenants));
+    s->have_tenants_ = true;
+    if (warnings) warnings->push_back("--token-file is replaced by --tokens (docs/api.md); its token is the tenant \"default\"");
+  }
+  const bool tls = !options.tls_cert_file.empty() || !options.tls_key_file.empty();
+  if (tls && (options.tls_cert_file.empty() || options.tls_key_file.empty())) {
+    return Error(EINVAL, "serve: TLS needs both --tls-cert and --tls-key");
+  }
+  std::string cert, key;
+  if (tls) {
+    STRATA_ASSIGN_OR_RETURN(cert, ReadFileToString(options.tls_cert_file));
+    STRATA_ASSIGN_OR_RETURN(key, ReadFileToString(options.tls_key_file));
+  }
+  for (const auto& address : options.listen) {
+    STRATA_ASSIGN_OR_RETURN(auto hp, ParseHostPort(address));
+    const bool loopback = IsLoopbackHost(hp.first);
+    if (!s->have_tenants_) {
+      if (!options.insecure) {
+        return Error(EINVAL, "serve: --listen " + address + " without --tokens would let anyone who reaches it act as root; "
+                             "give --tokens FILE (or --insecure for tests and one-machine setups)");
+      }
+      if (warnings) warnings->push_back("--listen " + address + " has no tokens: every caller there is the operator (--insecure)");
+    }
+    if (!tls && !loopback) {
+      if (!options.insecure) {
+        return Error(EINVAL, "serve: --listen " + address + " is not a loopback address and has no TLS; tokens would cross "
+                             "the network in the clear: give --tls-cert and --tls-key (or --insecure)");
+      }
+      if (warnings) warnings->push_back("--listen " + address + " is plain TCP off loopback (--insecure)");
     }
   }
-  return false;
-}
 
-Result<std::unique_ptr<LauncherServer>> LauncherServer::Start(const ServeOptions& options, SandboxManager& manager) {
-  std::unique_ptr<LauncherServer> s(new LauncherServer(options, manager));
   mode_t mode = 0600;
   if (!options.allow_group.empty()) {
     group* g = ::getgrnam(options.allow_group.c_str());
@@ -133,134 +243,506 @@ Result<std::unique_ptr<LauncherServer>> LauncherServer::Start(const ServeOptions
     s->group_ = g->gr_gid;
     mode = 0660;
   }
-  if (!options.token.empty()) mode = 0666;  // the token is the gate
-  STRATA_ASSIGN_OR_RETURN(s->server_, HttpServer::ListenUnix(options.socket_path, mode,
-                                                             [p = s.get()](const HttpServer::Request& r) { return p->Handle(r); }));
+  if (s->have_tenants_) mode = 0666;  // the tokens are the gate
+  LauncherServer* self = s.get();
+  auto handler = [self](const Request& r) { return self->Handle(r); };
+  auto upload = [self](const Request& r, std::optional<Response>* refusal) { return self->StartUpload(r, refusal); };
+  HttpServer::Limits unix_limits = options.tcp_limits;
+  unix_limits.idle_timeout = unix_limits.request_timeout = Duration{0};  // root's own socket: no deadlines
+  unix_limits.max_connections = 4096;
+  STRATA_ASSIGN_OR_RETURN(s->unix_, HttpServer::Listen({.unix_path = options.socket_path, .mode = mode,
+                                                        .limits = unix_limits, .handler = handler, .upload = upload}));
   if (s->group_ != static_cast<gid_t>(-1) && ::chown(options.socket_path.c_str(), 0, s->group_) != 0) {
     return ErrnoError(errno, "chown " + options.socket_path);
+  }
+  for (const auto& address : options.listen) {
+    STRATA_ASSIGN_OR_RETURN(auto server, HttpServer::Listen({.tcp_address = address, .tls_cert_pem = cert, .tls_key_pem = key,
+                                                             .limits = options.tcp_limits, .handler = handler, .upload = upload}));
+    s->tcp_.push_back(std::move(server));
   }
   return s;
 }
 
-LauncherServer::~LauncherServer() = default;
-
-HttpServer::Response LauncherServer::Handle(const HttpServer::Request& req) {
-  if (!Allowed(req, options_, group_)) {
-    return HttpServer::ErrorResponse(Error(EACCES, "launcher: not allowed (root, the allowed group, or a token)"));
-  }
-  try {
-    return Route(req);
-  } catch (const json::exception& e) {  // a field of the wrong type
-    return HttpServer::ErrorResponse(Error(EINVAL, StrCat(req.method, " ", req.path, ": ", e.what())));
-  } catch (const std::logic_error& e) {  // a number that is not one
-    return HttpServer::ErrorResponse(Error(EINVAL, StrCat(req.method, " ", req.path, ": bad value (", e.what(), ")")));
-  }
+LauncherServer::~LauncherServer() {
+  // Listeners first: no handler runs once they are gone.
+  tcp_.clear();
+  unix_.reset();
 }
 
-HttpServer::Response LauncherServer::Route(const HttpServer::Request& req) {
+std::vector<std::string> LauncherServer::urls() const {
+  std::vector<std::string> out;
+  if (unix_) out.push_back(unix_->url());
+  for (const auto& t : tcp_) out.push_back(t->url());
+  return out;
+}
+
+Status LauncherServer::ReloadTokens() {
+  if (options_.tokens_file.empty() && options_.legacy_token_file.empty()) return OkStatus();
+  auto tenants = options_.tokens_file.empty() ? LoadLegacyTokenFile(options_.legacy_token_file) : LoadTokensFile(options_.tokens_file);
+  if (!tenants.ok()) return tenants.status().Annotate("reload tokens (the tenants stay as they were)");
+  tenants_.Replace(std::move(*tenants));
+  return OkStatus();
+}
+
+Result<LauncherServer::Caller> LauncherServer::Authenticate(const Request& req) const {
+  Caller caller;
+  if (req.unix_peer && (req.peer_uid == 0 || (group_ != static_cast<gid_t>(-1) && InGroup(req.peer_pid, req.peer_gid, group_)))) {
+    caller.is_operator = true;
+    return caller;
+  }
+  if (!req.unix_peer && !have_tenants_ && options_.insecure) {  // a TCP listener without tokens
+    caller.is_operator = true;
+    return caller;
+  }
+  auto it = req.headers.find("authorization");
+  if (it == req.headers.end() || !it->second.starts_with("Bearer ")) {
+    return Error(ENOKEY, "launcher: no token (send Authorization: Bearer <token>)");
+  }
+  caller.tenant = tenants_.Authenticate(std::string_view(it->second).substr(7));
+  if (!caller.tenant) return Error(EKEYREJECTED, "launcher: unknown or revoked token");
+  return caller;
+}
+
+Status LauncherServer::CheckOwner(const std::string& id, const Caller& caller) {
+  auto owner = manager_.Owner(id);
+  if (!owner.ok()) return owner.status();
+  if (!caller.is_operator && *owner != caller.scope()) return Error(ENOENT, StrCat("sandbox ", Quote(id), ": no such sandbox"));
+  return OkStatus();
+}
+
+Status LauncherServer::Admit(const Caller& caller) {
+  std::lock_guard lock(admission_mu_);
+  if (options_.max_sandboxes > 0 && static_cast<int64_t>(manager_.Count()) + creating_ >= options_.max_sandboxes) {
+    return Error(EAGAIN, StrCat("node full: ", options_.max_sandboxes, " sandboxes (--max-sandboxes); retry later or elsewhere"));
+  }
+  if (options_.memory_reserve > 0) {
+    const uint64_t available = MemAvailable();
+    if (available < options_.memory_reserve) {
+      return Error(EAGAIN, StrCat("node low on memory: ", FormatBytes(available), " available, below the reserve of ",
+                                  FormatBytes(options_.memory_reserve), " (--memory-reserve)"));
+    }
+  }
+  if (caller.tenant) {
+    const auto& limits = caller.tenant->limits;
+    if (limits.max_sandboxes > 0 &&
+        static_cast<int64_t>(manager_.CountOwned(caller.scope())) + creating_by_tenant_[caller.scope()] >= limits.max_sandboxes) {
+      return Error(EDQUOT, StrCat("tenant ", caller.scope(), " has its limit of ", limits.max_sandboxes, " sandboxes"));
+    }
+    if (tenants_.TakeCreations(*caller.tenant, 1) < 1) {
+      return Error(EDQUOT, StrCat("tenant ", caller.scope(), ": more than ", limits.creates_per_second, " creations per second"));
+    }
+    ++creating_by_tenant_[caller.scope()];
+  }
+  ++creating_;
+  return OkStatus();
+}
+
+void LauncherServer::Admitted(const Caller& caller) {
+  std::lock_guard lock(admission_mu_);
+  --creating_;
+  if (caller.tenant && --creating_by_tenant_[caller.scope()] == 0) creating_by_tenant_.erase(caller.scope());
+}
+
+json LauncherServer::Health() {
+  json headroom = json::object();
+  const size_t count = manager_.Count();
+  headroom["slots"] = options_.max_sandboxes > 0 ? json(std::max<int64_t>(0, options_.max_sandboxes - static_cast<int64_t>(count))) : json(nullptr);
+  headroom["memory_available"] = MemAvailable();
+  headroom["memory_reserve"] = options_.memory_reserve;
+  struct statvfs vfs{};
+  if (::statvfs(manager_.node().uppers.c_str(), &vfs) == 0) {
+    headroom["disk_available"] = static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize;
+  }
+  const bool accepting = (options_.max_sandboxes == 0 || static_cast<int64_t>(count) < options_.max_sandboxes) &&
+                         (options_.memory_reserve == 0 || headroom["memory_available"].get<uint64_t>() >= options_.memory_reserve);
+  return {{"ok", true}, {"pid", ::getpid()}, {"sandboxes", count}, {"accepting", accepting}, {"headroom", headroom}};
+}
+
+Response LauncherServer::Handle(const Request& req) {
+  Response r;
+  auto caller = Authenticate(req);
+  if (!caller.ok()) {
+    r = Fail(caller.status());
+    r.headers.emplace_back("WWW-Authenticate", "Bearer");
+  } else {
+    try {
+      r = Route(req, *caller);
+    } catch (const json::exception& e) {  // a field of the wrong type
+      r = Fail(Error(EINVAL, StrCat(req.method, " ", req.path, ": ", e.what())));
+    } catch (const std::logic_error& e) {  // a number that is not one
+      r = Fail(Error(EINVAL, StrCat(req.method, " ", req.path, ": bad value (", e.what(), ")")));
+    }
+  }
+  // The answers a client may retry, and only those, say when.
+  if (r.status == 429 || r.status == 503) r.headers.emplace_back("Retry-After", "1");
+  return r;
+}
+
+Response LauncherServer::Route(const Request& req, const Caller& caller) {
   if (req.method == "GET" && req.path == "/metrics") {
-    HttpServer::Response r;
+    Response r;
     r.content_type = "text/plain; version=0.0.4";
     r.body = manager_.Metrics();
     return r;
   }
-  if (req.method == "GET" && req.path == "/v1/health") {
-    return Json({{"ok", true}, {"pid", ::getpid()}, {"sandboxes", manager_.Count()}});
-  }
-  // (A PUT's body is the file itself.)
+  if (req.method == "GET" && req.path == "/v1/health") return Json(Health());
+  // (A PUT's body is the file itself; uploads never reach here.)
   json body = req.method == "PUT" ? json::object() : json::parse(req.body.empty() ? "{}" : req.body, nullptr, false);
   if (req.method != "PUT" && (body.is_discarded() || !body.is_object())) {
-    return HttpServer::ErrorResponse(Error(EINVAL, "request body is not a JSON object"));
+    return Fail(Error(EINVAL, "request body is not a JSON object (or not valid UTF-8)"));
   }
   if (req.path == "/v1/sandboxes") {
-    if (req.method == "GET") return Json(manager_.List());
-    if (req.method == "POST") {
-      auto spec = ParseSpec(body);
-      if (!spec.ok()) return HttpServer::ErrorResponse(spec.status());
-      auto info = manager_.Create(std::move(*spec));
-      return info.ok() ? Json(*info, 201) : HttpServer::ErrorResponse(info.status());
-    }
+    if (req.method == "GET") return Json(manager_.List(caller.is_operator ? std::nullopt : std::optional(caller.scope())));
+    if (req.method == "POST") return Create(req, body, caller);
   }
   const std::string prefix = "/v1/sandboxes/";
-  if (!req.path.starts_with(prefix)) return HttpServer::ErrorResponse(Error(ENOENT, "no API " + req.method + " " + req.path));
+  if (!req.path.starts_with(prefix)) return Fail(Error(ENOENT, "no API " + req.method + " " + req.path));
   std::string rest = req.path.substr(prefix.size());
   std::string id = rest.substr(0, rest.find('/'));
   std::string verb = rest.size() > id.size() ? rest.substr(id.size() + 1) : "";
-  auto status_reply = [](const Status& s) { return s.ok() ? Json(json::object()) : HttpServer::ErrorResponse(s); };
+  auto status_reply = [](const Status& s) { return s.ok() ? Json(json::object()) : Fail(s); };
 
+  if (verb.empty() && req.method == "DELETE") return Destroy(req, id, caller);
+  if (Status s = CheckOwner(id, caller); !s.ok()) return Fail(s);
   if (verb.empty() && req.method == "GET") {
     auto info = manager_.Info(id);
-    return info.ok() ? Json(*info) : HttpServer::ErrorResponse(info.status());
+    return info.ok() ? Json(*info) : Fail(info.status());
   }
-  if (verb.empty() && req.method == "DELETE") return status_reply(manager_.Destroy(id));
   if (verb == "pause" && req.method == "POST") return status_reply(manager_.Pause(id));
   if (verb == "resume" && req.method == "POST") return status_reply(manager_.Resume(id));
-  if (verb == "files") {
+  if (verb == "files" && req.method == "GET") {
     auto path = req.query.find("path");
-    if (path == req.query.end() || path->second.empty() || path->second[0] != '/') {
-      return HttpServer::ErrorResponse(Error(EINVAL, "files: ?path=/absolute/path is required"));
-    }
-    if (req.method == "PUT") {
-      uint32_t mode = 0644;
-      if (auto m = req.query.find("mode"); m != req.query.end()) mode = static_cast<uint32_t>(std::stoul(m->second, nullptr, 8));
-      return status_reply(manager_.Put(id, path->second, req.body, mode));
-    }
-    if (req.method == "GET") {
-      auto data = manager_.Get(id, path->second);
-      if (!data.ok()) return HttpServer::ErrorResponse(data.status());
-      HttpServer::Response r;
-      r.content_type = "application/octet-stream";
-      r.body = std::move(*data);
-      return r;
-    }
-  }
-  if (verb == "exec" && req.method == "POST") {
-    auto exec = ParseExec(body);
-    if (!exec.ok()) return HttpServer::ErrorResponse(exec.status());
-    // A client that goes away abandons its command (the agent kills it). A
-    // copy of the connection's descriptor: valid as long as the exec runs,
-    // whatever the server does with its own.
-    auto watch = std::make_shared<UniqueFd>(req.connection_fd >= 0 ? ::fcntl(req.connection_fd, F_DUPFD_CLOEXEC, 0) : -1);
-    exec->cancel_fd = watch->get();
-    if (!body.value("stream", true)) {
-      std::string out, err;
-      auto result = manager_.Exec(id, std::move(*exec), [&](int stream, std::string_view b) { (stream == 1 ? out : err).append(b); });
-      if (!result.ok()) return HttpServer::ErrorResponse(result.status());
-      json j = ExecResultJson(*result);
-      j["stdout"] = Base64Encode(out);
-      j["stderr"] = Base64Encode(err);
-      return Json(j);
-    }
-    // Streamed: agent-protocol frames as they come (stdout, stderr, then
-    // exit or error), so a client sees output before the command ends.
-    HttpServer::Response r;
-    r.content_type = "application/vnd.strata.frames";
-    r.stream = [this, id, request = std::move(*exec), watch](const HttpServer::StreamWriter& write) mutable {
-      auto result = manager_.Exec(id, std::move(request), [&](int stream, std::string_view b) {
-        write(EncodeFrame(stream == 1 ? Frame::kStdout : Frame::kStderr, b));
-      });
-      if (result.ok()) {
-        write(EncodeFrame(Frame::kExit, ExecResultJson(*result).dump()));
-      } else {
-        write(EncodeFrame(Frame::kError, json{{"error", result.status().ToString()}, {"errno", result.status().code()}}.dump()));
-      }
-    };
+    Status ok = CheckSandboxPath(path == req.query.end() ? "" : path->second);
+    if (!ok.ok()) return Fail(ok);
+    auto data = manager_.Get(id, path->second);
+    if (!data.ok()) return Fail(data.status());
+    Response r;
+    r.content_type = "application/octet-stream";
+    r.body = std::move(*data);
     return r;
   }
-  if (verb == "snapshot" && req.method == "POST") {
-    std::vector<std::string> excludes;
-    try {
-      excludes = body.value("exclude", std::vector<std::string>{});
-    } catch (const json::exception& e) {
-      return HttpServer::ErrorResponse(Error(EINVAL, StrCat("snapshot: exclude: ", e.what())));
+  if (verb == "exec" && req.method == "POST") return Exec(req, id, body, caller);
+  if (verb == "snapshot" && req.method == "POST") return Snapshot(req, id, body, caller);
+  return Fail(Error(ENOENT, "no API " + req.method + " " + req.path));
+}
+
+// --- create ------------------------------------------------------------------
+
+Response LauncherServer::Create(const Request& req, const json& body, const Caller& caller) {
+  auto spec = ParseSpec(body);
+  if (!spec.ok()) return Fail(spec.status());
+  const bool bulk = body.contains("count");
+  int count = 1;
+  if (bulk) {
+    if (!body["count"].is_number_integer() || body["count"].get<int64_t>() < 1 || body["count"].get<int64_t>() > kMaxBulk) {
+      return Fail(Error(EINVAL, StrCat("create: count must be a whole number from 1 to ", kMaxBulk)));
     }
-    if (!body.contains("tag") || !body["tag"].is_string()) {
-      return HttpServer::ErrorResponse(Error(EINVAL, "snapshot: tag (NAME:VERSION) is required"));
-    }
-    auto r = manager_.Snapshot(id, body["tag"].get<std::string>(), std::move(excludes));
-    return r.ok() ? Json(*r, 201) : HttpServer::ErrorResponse(r.status());
+    count = body["count"].get<int>();
   }
-  return HttpServer::ErrorResponse(Error(ENOENT, "no API " + req.method + " " + req.path));
+  // What a tenant may ask for.
+  if (caller.tenant) {
+    const auto& limits = caller.tenant->limits;
+    if (spec->host_network && !limits.net_host) {
+      return Fail(Error(EPERM, StrCat("create: tenant ", caller.scope(), " may not use the host's network")));
+    }
+    if (!spec->store.empty()) {
+      bool allowed = std::find(options_.stores.begin(), options_.stores.end(), spec->store) != options_.stores.end() ||
+                     std::find(limits.stores.begin(), limits.stores.end(), spec->store) != limits.stores.end();
+      if (!allowed) {
+        return Fail(Error(EPERM, StrCat("create: tenant ", caller.scope(), " may not use store ", Quote(spec->store),
+                                        " (only the daemon's --store list and its own)")));
+      }
+    }
+    for (const auto& layer : spec->layers) {
+      if (!LayerAllowed(limits, layer)) {
+        return Fail(Error(EPERM, StrCat("create: tenant ", caller.scope(), " may not use layer ", Quote(layer))));
+      }
+    }
+  }
+  if (spec->store.empty() && !options_.stores.empty()) spec->store = options_.stores[0];
+
+  std::vector<std::string> ids(static_cast<size_t>(count));
+  for (auto& id : ids) id = NewSandboxId();
+  const auto key_header = req.headers.find("idempotency-key");
+  const std::string key = key_header == req.headers.end() ? "" : key_header->second;
+  if (!key.empty()) {
+    if (Status s = IdempotencyKeys::CheckKey(key); !s.ok()) return Fail(s);
+    auto claim = manager_.keys().Begin(caller.scope(), key, Fingerprint(req, body), {{"ids", ids}});
+    if (!claim.ok()) return Fail(claim.status());
+    if (claim->kind == IdempotencyKeys::Claim::kMismatch) {
+      Response r = Fail(Error(EINVAL, "Idempotency-Key " + Quote(key) + " was used for a different request"));
+      r.status = 422;
+      return r;
+    }
+    if (claim->kind == IdempotencyKeys::Claim::kDone) return Json(claim->answer.body, claim->answer.status);
+    if (claim->kind == IdempotencyKeys::Claim::kInterrupted) {
+      // The same ids again: those the dead daemon made (and this one
+      // re-adopted) are answered as they are, the others are made now.
+      auto old = claim->note.value("ids", std::vector<std::string>{});
+      if (old.size() == ids.size()) ids = old;
+    }
+  }
+
+  struct Outcome {
+    std::optional<json> info;
+    Status error;
+  };
+  std::vector<Outcome> outcomes(ids.size());
+  auto make = [&](size_t i) {
+    if (manager_.Exists(ids[i])) {  // made by an interrupted first attempt
+      auto info = manager_.Info(ids[i]);
+      if (info.ok()) outcomes[i].info = *info;
+      else outcomes[i].error = info.status();
+      return;
+    }
+    if (Status a = Admit(caller); !a.ok()) {
+      outcomes[i].error = a;
+      return;
+    }
+    SandboxSpec one = *spec;
+    one.id = ids[i];
+    auto info = manager_.Create(std::move(one), caller.scope());
+    Admitted(caller);
+    if (info.ok()) outcomes[i].info = std::move(*info);
+    else outcomes[i].error = info.status();
+  };
+  if (ids.size() == 1) {
+    make(0);
+  } else {
+    std::atomic<size_t> next{0};
+    std::vector<std::thread> workers;
+    for (int w = 0; w < std::min<int>(kBulkParallel, count); ++w) {
+      workers.emplace_back([&] {
+        for (size_t i; (i = next++) < ids.size();) make(i);
+      });
+    }
+    for (auto& t : workers) t.join();
+  }
+
+  json created = json::array(), failures = json::array();
+  Status first_error;
+  for (size_t i = 0; i < outcomes.size(); ++i) {
+    if (outcomes[i].info) {
+      created.push_back(*outcomes[i].info);
+    } else {
+      json f = ErrorJson(outcomes[i].error);
+      f["index"] = i;
+      failures.push_back(f);
+      if (first_error.ok()) first_error = outcomes[i].error;
+    }
+  }
+  Response r;
+  if (!bulk) {
+    r = created.empty() ? Fail(first_error) : Json(created[0], 201);
+  } else {
+    json answer = {{"sandboxes", created}, {"failures", failures}};
+    int status = 201;
+    if (created.empty()) {
+      answer.update(ErrorJson(first_error));
+      status = HttpServer::HttpStatusFor(first_error.code());
+    }
+    r = Json(answer, status);
+  }
+  if (!key.empty()) {
+    // Nothing made: a retry tries again. Otherwise the retry gets this.
+    if (created.empty()) manager_.keys().Release(caller.scope(), key);
+    else manager_.keys().Finish(caller.scope(), key, {r.status, json::parse(r.body)}).IgnoreError();
+  }
+  return r;
+}
+
+// --- exec --------------------------------------------------------------------
+
+Response LauncherServer::Exec(const Request& req, const std::string& id, const json& body, const Caller& caller) {
+  auto exec = ParseExec(body);
+  if (!exec.ok()) return Fail(exec.status());
+  ExecFormat format = ExecFormat::kJson;
+  if (auto a = req.headers.find("accept"); a != req.headers.end() && a->second.find("application/x-ndjson") != std::string::npos) {
+    format = ExecFormat::kNdjson;
+  } else if (body.value("stream", true)) {
+    format = ExecFormat::kFrames;
+  }
+  const auto key_header = req.headers.find("idempotency-key");
+  const std::string key = key_header == req.headers.end() ? "" : key_header->second;
+  const std::string scope = caller.scope();
+  if (!key.empty()) {
+    if (Status s = IdempotencyKeys::CheckKey(key); !s.ok()) return Fail(s);
+    auto claim = manager_.keys().Begin(scope, key, Fingerprint(req, body), json::object());
+    if (!claim.ok()) return Fail(claim.status());
+    if (claim->kind == IdempotencyKeys::Claim::kMismatch) {
+      Response r = Fail(Error(EINVAL, "Idempotency-Key " + Quote(key) + " was used for a different request"));
+      r.status = 422;
+      return r;
+    }
+    if (claim->kind == IdempotencyKeys::Claim::kDone) {  // the first answer again
+      const json& answer = claim->answer.body;
+      if (format == ExecFormat::kJson) return Json(answer, claim->answer.status);
+      Response r;
+      r.content_type = ContentType(format);
+      for (int stream : {1, 2}) {
+        auto bytes = Base64Decode(answer.value(stream == 1 ? "stdout" : "stderr", ""));
+        if (bytes && !bytes->empty()) r.body += EncodePiece(format, stream, *bytes);
+      }
+      r.body += EncodeEnd(format, answer);
+      return r;
+    }
+    // (An interrupted exec's command died with the daemon's connection to
+    // its agent: it runs again.)
+  }
+  // A client that goes away abandons its command (the agent kills it). A
+  // copy of the connection's descriptor: valid as long as the exec runs,
+  // whatever the server does with its own.
+  auto watch = std::make_shared<UniqueFd>(req.connection_fd >= 0 ? ::fcntl(req.connection_fd, F_DUPFD_CLOEXEC, 0) : -1);
+  exec->cancel_fd = watch->get();
+  // Runs the command; `emit` gets each encoded piece (false: the client is
+  // gone). Returns the answer, and settles the idempotency key.
+  auto run = [this, id, key, scope, format, watch](ExecRequest request, const std::function<bool(std::string_view)>& emit) {
+    std::string out, err;
+    bool gone = false;
+    auto result = manager_.Exec(id, std::move(request), [&](int stream, std::string_view b) {
+      if (!key.empty()) (stream == 1 ? out : err).append(b);
+      if (format == ExecFormat::kJson) {
+        if (key.empty()) (stream == 1 ? out : err).append(b);
+      } else if (!emit(EncodePiece(format, stream, b))) {
+        gone = true;
+      }
+    });
+    json answer;
+    if (result.ok()) {
+      answer = ExecResultJson(*result);
+      answer["stdout"] = Base64Encode(out);
+      answer["stderr"] = Base64Encode(err);
+    } else {
+      answer = ErrorJson(result.status());
+    }
+    gone |= ClientGone(watch->get());
+    if (!key.empty()) {
+      // Only a command that ran to its end, for a client still there, is
+      // an answer to keep; otherwise a retry runs it again.
+      if (result.ok() && !gone) manager_.keys().Finish(scope, key, {200, answer}).IgnoreError();
+      else manager_.keys().Release(scope, key);
+    }
+    return std::make_pair(result.status(), answer);
+  };
+  if (format == ExecFormat::kJson) {
+    auto [status, answer] = run(std::move(*exec), nullptr);
+    return status.ok() ? Json(answer) : Fail(status);
+  }
+  // Streamed as the command writes (stdout, stderr, then exit or error),
+  // so a client sees output before the command ends.
+  Response r;
+  r.content_type = ContentType(format);
+  r.stream = [run, format, request = std::move(*exec)](const HttpServer::StreamWriter& write) mutable {
+    auto [status, answer] = run(std::move(request), write);
+    write(EncodeEnd(format, answer));
+  };
+  return r;
+}
+
+// --- destroy and snapshot ----------------------------------------------------
+
+Response LauncherServer::Destroy(const Request& req, const std::string& id, const Caller& caller) {
+  const auto key_header = req.headers.find("idempotency-key");
+  const std::string key = key_header == req.headers.end() ? "" : key_header->second;
+  bool interrupted = false;
+  if (!key.empty()) {
+    if (Status s = IdempotencyKeys::CheckKey(key); !s.ok()) return Fail(s);
+    auto claim = manager_.keys().Begin(caller.scope(), key, Fingerprint(req, json::object()), json::object());
+    if (!claim.ok()) return Fail(claim.status());
+    if (claim->kind == IdempotencyKeys::Claim::kMismatch) {
+      Response r = Fail(Error(EINVAL, "Idempotency-Key " + Quote(key) + " was used for a different request"));
+      r.status = 422;
+      return r;
+    }
+    if (claim->kind == IdempotencyKeys::Claim::kDone) return Json(claim->answer.body, claim->answer.status);
+    interrupted = claim->kind == IdempotencyKeys::Claim::kInterrupted;
+  }
+  Status s = CheckOwner(id, caller);
+  if (s.code() == ENOENT && interrupted) s = OkStatus();  // the dead daemon's destroy finished, or recovery did
+  else if (s.ok()) s = manager_.Destroy(id);
+  if (!key.empty()) {
+    if (s.ok()) manager_.keys().Finish(caller.scope(), key, {200, json::object()}).IgnoreError();
+    else manager_.keys().Release(caller.scope(), key);
+  }
+  return s.ok() ? Json(json::object()) : Fail(s);
+}
+
+Response LauncherServer::Snapshot(const Request& req, const std::string& id, const json& body, const Caller& caller) {
+  std::vector<std::string> excludes;
+  try {
+    excludes = body.value("exclude", std::vector<std::string>{});
+  } catch (const json::exception& e) {
+    return Fail(Error(EINVAL, StrCat("snapshot: exclude: ", e.what())));
+  }
+  if (!body.contains("tag") || !body["tag"].is_string()) return Fail(Error(EINVAL, "snapshot: tag (NAME:VERSION) is required"));
+  const auto key_header = req.headers.find("idempotency-key");
+  const std::string key = key_header == req.headers.end() ? "" : key_header->second;
+  if (!key.empty()) {
+    if (Status s = IdempotencyKeys::CheckKey(key); !s.ok()) return Fail(s);
+    auto claim = manager_.keys().Begin(caller.scope(), key, Fingerprint(req, body), json::object());
+    if (!claim.ok()) return Fail(claim.status());
+    if (claim->kind == IdempotencyKeys::Claim::kMismatch) {
+      Response r = Fail(Error(EINVAL, "Idempotency-Key " + Quote(key) + " was used for a different request"));
+      r.status = 422;
+      return r;
+    }
+    if (claim->kind == IdempotencyKeys::Claim::kDone) return Json(claim->answer.body, claim->answer.status);
+  }
+  auto r = manager_.Snapshot(id, body["tag"].get<std::string>(), std::move(excludes));
+  if (!key.empty()) {
+    if (r.ok()) manager_.keys().Finish(caller.scope(), key, {201, *r}).IgnoreError();
+    else manager_.keys().Release(caller.scope(), key);
+  }
+  return r.ok() ? Json(*r, 201) : Fail(r.status());
+}
+
+// --- uploads -----------------------------------------------------------------
+
+namespace {
+
+class FileUpload : public HttpServer::Upload {
+ public:
+  explicit FileUpload(std::unique_ptr<AgentClient::PutStream> stream) : stream_(std::move(stream)) {}
+  Status Write(std::string_view piece) override { return stream_->Write(piece); }
+  Response Finish() override {
+    Status s = stream_->Finish();
+    stream_.reset();
+    return s.ok() ? Json(json::object()) : Fail(s);
+  }
+  void Abort() override { stream_.reset(); }  // the agent drops its temporary file
+
+ private:
+  std::unique_ptr<AgentClient::PutStream> stream_;
+};
+
+}  // namespace
+
+std::unique_ptr<HttpServer::Upload> LauncherServer::StartUpload(const Request& req, std::optional<Response>* refusal) {
+  const std::string prefix = "/v1/sandboxes/";
+  if (req.method != "PUT" || !req.path.starts_with(prefix) || !req.path.ends_with("/files")) return nullptr;
+  const std::string id = req.path.substr(prefix.size(), req.path.size() - prefix.size() - 6);
+  auto refuse = [&](const Status& s) -> std::unique_ptr<HttpServer::Upload> {
+    *refusal = Fail(s);
+    if (s.code() == ENOKEY || s.code() == EKEYREJECTED) (*refusal)->headers.emplace_back("WWW-Authenticate", "Bearer");
+    return nullptr;
+  };
+  auto caller = Authenticate(req);
+  if (!caller.ok()) return refuse(caller.status());
+  if (id.empty() || id.find('/') != std::string::npos) return refuse(Error(ENOENT, "no API PUT " + req.path));
+  if (Status s = CheckOwner(id, *caller); !s.ok()) return refuse(s);
+  auto path = req.query.find("path");
+  const std::string p = path == req.query.end() ? "" : path->second;
+  if (Status s = CheckSandboxPath(p); !s.ok()) return refuse(s);
+  uint32_t mode = 0644;
+  if (auto m = req.query.find("mode"); m != req.query.end()) {
+    char* end = nullptr;
+    unsigned long v = std::strtoul(m->second.c_str(), &end, 8);
+    if (m->second.empty() || *end || v > 07777) return refuse(Error(EINVAL, "files: mode must be octal, at most 7777"));
+    mode = static_cast<uint32_t>(v);
+  }
+  auto stream = manager_.BeginPut(id, p, mode);
+  if (!stream.ok()) return refuse(stream.status());
+  return std::make_unique<FileUpload>(std::move(*stream));
 }
 
 }  // namespace strata::launcher

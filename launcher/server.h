@@ -1,41 +1,103 @@
-// The launcher daemon's API: HTTP/JSON on a unix socket (docs/api.md).
+// The launcher daemon's API: HTTP/JSON on the node's unix socket and, when
+// asked, on TCP with TLS and tenant tokens (docs/api.md). Requests become
+// SandboxManager calls; this layer owns who may call (the operator, or a
+// tenant by its token), what each tenant may ask for, node admission,
+// idempotent retries and the wire formats (JSON, frames, NDJSON).
 #pragma once
 
 #include <memory>
+#include <mutex>
 #include <string>
+#include <vector>
 
 #include "common/http_server.h"
 #include "launcher/manager.h"
+#include "launcher/tenants.h"
 
 namespace strata::launcher {
 
 struct ServeOptions {
   std::string socket_path = kDefaultLauncherSocket;
   std::string state_dir = kDefaultLauncherState;
-  // Besides root: members of this group may call (the socket becomes
-  // root:<group> 0660), and/or anyone presenting this token
-  // ("Authorization: Bearer <token>", the socket then 0666).
+  // Besides root: members of this group may call on the unix socket (it
+  // becomes root:<group> 0660). They are the operator, like root.
   std::string allow_group;
-  std::string token;
+  // Tenants and their tokens (`--tokens`); or the single token of the old
+  // `--token-file`, read as the tenant "default".
+  std::string tokens_file;
+  std::string legacy_token_file;
+  // TCP listeners, HOST:PORT; with TLS when both files are given.
+  std::vector<std::string> listen;
+  std::string tls_cert_file, tls_key_file;
+  // Allows a TCP listener without tokens (every TCP caller is then the
+  // operator) or without TLS on a non-loopback address.
+  bool insecure = false;
+  // The stores sandboxes may use; the first is the default. Empty: the
+  // daemon's $STRATA_STORE or the local store, and tenants may name none.
+  std::vector<std::string> stores;
+  // Node admission: creations are refused (503, Retry-After) with this
+  // many sandboxes, or while MemAvailable is below the reserve. 0: off.
+  int64_t max_sandboxes = 0;
+  uint64_t memory_reserve = 0;
+  // Caps of every TCP listener (the unix socket keeps only the size caps).
+  HttpServer::Limits tcp_limits;
 };
 
 class LauncherServer {
  public:
-  static Result<std::unique_ptr<LauncherServer>> Start(const ServeOptions& options, SandboxManager& manager);
+  // Checks the options (a TCP listener without tokens or, off loopback,
+  // without TLS is refused unless `insecure`), loads the tokens, and
+  // listens. Warnings about insecure listeners go to `warnings`.
+  static Result<std::unique_ptr<LauncherServer>> Start(const ServeOptions& options, SandboxManager& manager,
+                                                       std::vector<std::string>* warnings = nullptr);
   ~LauncherServer();
 
-  // Whether the caller may use the API (exposed for tests).
-  static bool Allowed(const HttpServer::Request& request, const ServeOptions& options, gid_t group);
+  // Rereads the tokens file (SIGHUP). On error the tenants stay as they were.
+  Status ReloadTokens();
+  // Where it listens: "unix:///run/strata/launcher.sock", "https://127.0.0.1:8443".
+  std::vector<std::string> urls() const;
+
+  // Who is calling.
+  struct Caller {
+    bool is_operator = false;
+    std::shared_ptr<const Tenant> tenant;  // set when not the operator
+    std::string scope() const { return tenant ? tenant->name : ""; }
+  };
 
  private:
   LauncherServer(const ServeOptions& options, SandboxManager& manager) : options_(options), manager_(manager) {}
+  Result<Caller> Authenticate(const HttpServer::Request& request) const;
   HttpServer::Response Handle(const HttpServer::Request& request);
-  HttpServer::Response Route(const HttpServer::Request& request);
+  HttpServer::Response Route(const HttpServer::Request& request, const Caller& caller);
+  std::unique_ptr<HttpServer::Upload> StartUpload(const HttpServer::Request& request,
+                                                  std::optional<HttpServer::Response>* refusal);
+  // The sandbox, if `caller` may see it (a tenant sees only its own: any
+  // other is ENOENT, like a missing one).
+  Status CheckOwner(const std::string& id, const Caller& caller);
+
+  HttpServer::Response Create(const HttpServer::Request& request, const nlohmann::json& body, const Caller& caller);
+  HttpServer::Response Exec(const HttpServer::Request& request, const std::string& id, const nlohmann::json& body,
+                            const Caller& caller);
+  HttpServer::Response Destroy(const HttpServer::Request& request, const std::string& id, const Caller& caller);
+  HttpServer::Response Snapshot(const HttpServer::Request& request, const std::string& id, const nlohmann::json& body,
+                                const Caller& caller);
+  nlohmann::json Health();
+
+  // Node and tenant admission for one creation: reserves a slot, or says
+  // why not (EAGAIN: the node; EDQUOT: the tenant's limits).
+  Status Admit(const Caller& caller);
+  void Admitted(const Caller& caller);  // the reserved slot is taken or given back
 
   ServeOptions options_;
   SandboxManager& manager_;
   gid_t group_ = static_cast<gid_t>(-1);
-  std::unique_ptr<HttpServer> server_;
+  TenantTable tenants_;
+  bool have_tenants_ = false;  // a tokens file (or old token file) is in use
+  std::mutex admission_mu_;
+  int64_t creating_ = 0;  // admitted creations under way
+  std::map<std::string, int64_t> creating_by_tenant_;
+  std::unique_ptr<HttpServer> unix_;
+  std::vector<std::unique_ptr<HttpServer>> tcp_;
 };
 
 }  // namespace strata::launcher

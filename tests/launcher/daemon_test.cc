@@ -259,7 +259,7 @@ TEST_F(DaemonTest, EveryCallChecksAccess) {
   StopDaemon(SIGTERM);
 
   // With a token, anyone may connect but only the token opens the API.
-  ASSERT_OK(WriteFileAtomic(dir_.Sub("token"), "s3cret-token\n"));
+  ASSERT_OK(WriteFileAtomic(dir_.Sub("token"), "s3cret-token\n", true, 0600));
   StartDaemon({"--token-file", dir_.Sub("token")});
   ASSERT_EQ(::stat(socket_.c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 0777, 0666u);
@@ -271,23 +271,22 @@ TEST_F(DaemonTest, EveryCallChecksAccess) {
     auto r = RunCommand({.argv = argv});
     return r.ok() ? r->out : r.status().ToString();
   };
-  EXPECT_EQ(as_nobody({}), "403");
-  EXPECT_EQ(as_nobody({"-H", "Authorization: Bearer wrong-token!"}), "403");
+  EXPECT_EQ(as_nobody({}), "401");
+  EXPECT_EQ(as_nobody({"-H", "Authorization: Bearer wrong-token!"}), "401");
   EXPECT_EQ(as_nobody({"-H", "Authorization: Bearer s3cret-token"}), "200");
-  EXPECT_EQ(as_nobody({"-X", "POST", "-d", R"({"layers":["busybox:1"]})"}), "403");  // every call, not just reads
+  EXPECT_EQ(as_nobody({"-X", "POST", "-d", R"({"layers":["busybox:1"]})"}), "401");  // every call, not just reads
   LauncherClient with_token(socket_, "s3cret-token");
   EXPECT_OK(with_token.List().status());
+  StopDaemon(SIGTERM);
+  // The old single-token file is read as the tenant "default", with a warning.
+  EXPECT_NE(ReadFileToString(dir_.Sub("daemon.log")).value_or("").find("--token-file is replaced by --tokens"), std::string::npos);
 
-  // Group membership, as the server decides it from the peer's credentials.
-  HttpServer::Request req;
-  req.peer_uid = 1000;
-  req.peer_gid = 4242;
-  req.peer_pid = ::getpid();
-  ServeOptions options;
-  EXPECT_TRUE(LauncherServer::Allowed(req, options, 4242));
-  EXPECT_FALSE(LauncherServer::Allowed(req, options, 4243));
-  req.peer_uid = 0;
-  EXPECT_TRUE(LauncherServer::Allowed(req, options, static_cast<gid_t>(-1)));
+  // Members of --allow-group are the operator (from the peer's credentials;
+  // "nobody" is in "nogroup").
+  StartDaemon({"--allow-group", "nogroup"});
+  ASSERT_EQ(::stat(socket_.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0660u);
+  EXPECT_EQ(as_nobody({}), "200");
 }
 
 TEST_F(DaemonTest, ARestartedDaemonReadoptsLiveSandboxesAndRemovesDeadOnes) {
