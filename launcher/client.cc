@@ -33,6 +33,8 @@ LauncherClient::LauncherClient(std::string socket_path, std::string token)
     : LauncherClient(DaemonAddress{"unix://" + socket_path, std::move(token), ""}) {}
 
 LauncherClient::~LauncherClient() = default;
+LauncherClient::LauncherClient(LauncherClient&&) noexcept = default;
+LauncherClient& LauncherClient::operator=(LauncherClient&&) noexcept = default;
 
 Result<HttpAnswer> LauncherClient::Raw(const std::string& method, const std::string& path, std::string_view body,
                                        const std::vector<std::string>& headers,

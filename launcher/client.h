@@ -36,6 +36,8 @@ class LauncherClient {
   // A daemon on a unix socket.
   explicit LauncherClient(std::string socket_path, std::string token = "");
   ~LauncherClient();
+  LauncherClient(LauncherClient&&) noexcept;
+  LauncherClient& operator=(LauncherClient&&) noexcept;
 
   // Whether a daemon answers.
   bool Alive();

@@ -432,6 +432,14 @@ Result<ExecResult> SandboxManager::Exec(const std::string& id, ExecRequest reque
   return result;
 }
 
+Status SandboxManager::CheckExec(const std::string& id) {
+  STRATA_ASSIGN_OR_RETURN(auto entry, Find(id));
+  std::lock_guard lock(entry->mu);
+  if (entry->gone()) return Error(ENOENT, StrCat("sandbox ", id, " is being destroyed"));
+  if (entry->sandbox && entry->sandbox->paused()) return Error(EBUSY, StrCat("sandbox ", id, " is paused; resume it first"));
+  return OkStatus();
+}
+
 Status SandboxManager::Put(const std::string& id, const std::string& path, std::string_view data, uint32_t mode) {
   STRATA_ASSIGN_OR_RETURN(auto entry, Find(id));
   std::shared_ptr<Sandbox> sb;

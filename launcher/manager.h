@@ -38,6 +38,9 @@ class SandboxManager {
   // spec.id is used as it is (an idempotent retry names the ids it made).
   Result<nlohmann::json> Create(SandboxSpec spec, const std::string& owner = "");
   Result<ExecResult> Exec(const std::string& id, ExecRequest request, const OutputSink& sink);
+  // What Exec would refuse at once (no such sandbox, paused), so a
+  // streamed answer can still carry it as its HTTP status.
+  Status CheckExec(const std::string& id);
   Status Put(const std::string& id, const std::string& path, std::string_view data, uint32_t mode);
   // Starts a file upload streamed to the sandbox piece by piece.
   Result<std::unique_ptr<AgentClient::PutStream>> BeginPut(const std::string& id, const std::string& path, uint32_t mode);

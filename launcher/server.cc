@@ -589,6 +589,10 @@ Response LauncherServer::Exec(const Request& req, const std::string& id, const j
     // (An interrupted exec's command died with the daemon's connection to
     // its agent: it runs again.)
   }
+  if (Status s = manager_.CheckExec(id); !s.ok()) {
+    if (!key.empty()) manager_.keys().Release(scope, key);
+    return Fail(s);
+  }
   // A client that goes away abandons its command (the agent kills it). A
   // copy of the connection's descriptor: valid as long as the exec runs,
   // whatever the server does with its own.

@@ -16,63 +16,8 @@ namespace {
 
 using nlohmann::json;
 
-class DaemonTest : public SandboxTest {
+class DaemonTest : public DaemonFixture {
  protected:
-  void SetUp() override {
-    SandboxTest::SetUp();
-    if (IsSkipped() || HasFatalFailure()) return;
-    socket_ = dir_.Sub("launcher.sock");
-    client_ = std::make_unique<LauncherClient>(socket_);
-  }
-
-  void TearDown() override {
-    if (daemon_) {
-      if (client_->Alive()) {
-        for (const auto& s : client_->List().value_or(json::array())) client_->Destroy(s["id"].get<std::string>()).IgnoreError();
-      }
-      StopDaemon(SIGTERM);
-    }
-    SandboxTest::TearDown();
-  }
-
-  void StartDaemon(std::vector<std::string> extra = {}) {
-    std::vector<std::string> argv = {Tool(), "serve", "--socket", socket_, "--state", dir_.Sub("state")};
-    argv.insert(argv.end(), extra.begin(), extra.end());
-    auto d = Subprocess::Start({.argv = argv, .env = env_, .stdout_mode = StdStream::kNull,
-                                .stderr_mode = StdStream::kFile, .stderr_file = dir_.Sub("daemon.log")});
-    ASSERT_OK(d.status());
-    daemon_.emplace(std::move(*d));
-    for (int i = 0; i < 500 && !client_->Alive(); ++i) {
-      ASSERT_TRUE(daemon_->Running()) << "the daemon exited: " << ReadFileToString(dir_.Sub("daemon.log")).value_or("");
-      std::this_thread::sleep_for(10ms);
-    }
-    ASSERT_TRUE(client_->Alive());
-  }
-
-  void StopDaemon(int sig) {
-    if (!daemon_) return;
-    daemon_->Kill(sig);
-    daemon_->Wait().status().IgnoreError();
-    daemon_.reset();
-  }
-
-  Result<SubprocessResult> Cli(std::vector<std::string> args, std::optional<std::string> in = std::nullopt) {
-    args.insert(args.begin(), Tool());
-    args.insert(args.begin() + 2, {"--socket", socket_});
-    return RunCommand({.argv = args, .env = env_, .stdin_data = std::move(in), .timeout = 120s});
-  }
-
-  std::string Create(std::vector<std::string> extra = {}) {
-    std::vector<std::string> args = {"create", "--layer", "busybox:1"};
-    args.insert(args.end(), extra.begin(), extra.end());
-    auto r = Cli(args);
-    EXPECT_TRUE(r.ok() && r->exit_code == 0) << (r.ok() ? r->err : r.status().ToString());
-    if (!r.ok()) return "";
-    std::string id = r->out;
-    while (!id.empty() && id.back() == '\n') id.pop_back();
-    return id;
-  }
-
   // Kills every process of a sandbox (its agent dies: the sandbox is dead).
   void KillSandboxProcesses(const std::string& id) {
     for (const auto& line : Lines(StrCat("/sys/fs/cgroup/pids/", cgroup_parent_, "/", id, "/cgroup.procs"))) {
@@ -89,9 +34,6 @@ class DaemonTest : public SandboxTest {
     return ~uint64_t{0};
   }
 
-  std::string socket_;
-  std::unique_ptr<LauncherClient> client_;
-  std::optional<Subprocess> daemon_;
 };
 
 TEST_F(DaemonTest, ASandboxLivesThroughManyCommands) {

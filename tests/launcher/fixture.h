@@ -24,6 +24,7 @@
 #include "common/fs.h"
 #include "common/strings.h"
 #include "common/subprocess.h"
+#include "launcher/client.h"
 #include "launcher/sandbox.h"
 #include "launcher/upper_store.h"
 #include "layerctl/builder.h"
@@ -156,6 +157,72 @@ class SandboxTest : public ::testing::Test {
   std::string store_url_, cgroup_parent_, uppers_;
   std::vector<std::string> env_;
   std::unique_ptr<cache::Catalog> catalog_;
+};
+
+// A launcher daemon of the test's own (its socket, state and log in the
+// test's directory), stopped and emptied at the end.
+class DaemonFixture : public SandboxTest {
+ protected:
+  void SetUp() override {
+    SandboxTest::SetUp();
+    if (IsSkipped() || HasFatalFailure()) return;
+    socket_ = dir_.Sub("launcher.sock");
+    client_ = std::make_unique<LauncherClient>(socket_);
+  }
+
+  void TearDown() override {
+    if (daemon_) {
+      if (client_->Alive()) {
+        for (const auto& s : client_->List().value_or(nlohmann::json::array())) {
+          client_->Destroy(s["id"].get<std::string>()).IgnoreError();
+        }
+      }
+      StopDaemon(SIGTERM);
+    }
+    SandboxTest::TearDown();
+  }
+
+  void StartDaemon(std::vector<std::string> extra = {}) {
+    std::vector<std::string> argv = {Tool(), "serve", "--socket", socket_, "--state", dir_.Sub("state")};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    auto d = Subprocess::Start({.argv = argv, .env = env_, .stdout_mode = StdStream::kNull,
+                                .stderr_mode = StdStream::kFile, .stderr_file = dir_.Sub("daemon.log")});
+    ASSERT_OK(d.status());
+    daemon_.emplace(std::move(*d));
+    for (int i = 0; i < 500 && !client_->Alive(); ++i) {
+      ASSERT_TRUE(daemon_->Running()) << "the daemon exited: " << ReadFileToString(dir_.Sub("daemon.log")).value_or("");
+      std::this_thread::sleep_for(10ms);
+    }
+    ASSERT_TRUE(client_->Alive());
+  }
+
+  void StopDaemon(int sig) {
+    if (!daemon_) return;
+    daemon_->Kill(sig);
+    daemon_->Wait().status().IgnoreError();
+    daemon_.reset();
+  }
+
+  Result<SubprocessResult> Cli(std::vector<std::string> args, std::optional<std::string> in = std::nullopt) {
+    args.insert(args.begin(), Tool());
+    args.insert(args.begin() + 2, {"--socket", socket_});
+    return RunCommand({.argv = args, .env = env_, .stdin_data = std::move(in), .timeout = 120s});
+  }
+
+  std::string Create(std::vector<std::string> extra = {}) {
+    std::vector<std::string> args = {"create", "--layer", "busybox:1"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    auto r = Cli(args);
+    EXPECT_TRUE(r.ok() && r->exit_code == 0) << (r.ok() ? r->err : r.status().ToString());
+    if (!r.ok()) return "";
+    std::string id = r->out;
+    while (!id.empty() && id.back() == '\n') id.pop_back();
+    return id;
+  }
+
+  std::string socket_;
+  std::unique_ptr<LauncherClient> client_;
+  std::optional<Subprocess> daemon_;
 };
 
 }  // namespace strata::launcher
