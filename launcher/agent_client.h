@@ -12,7 +12,7 @@
 #include "common/status.h"
 #include "common/unique_fd.h"
 #include "common/units.h"
-#include "launcher/agent_protocol.h"
+#include "launcher/agent/protocol.h"
 
 namespace strata::launcher {
 

@@ -18,7 +18,7 @@
 #include "common/mount.h"
 #include "common/strings.h"
 #include "common/subprocess.h"
-#include "launcher/upper_store.h"
+#include "launcher/container/upper_store.h"
 #include "layerctl/builder.h"
 #include "layerctl/dir_reader.h"
 

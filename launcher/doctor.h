@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "launcher/sandbox.h"
+#include "launcher/container/sandbox.h"
 
 namespace strata::launcher {
 

@@ -15,12 +15,12 @@
 #include "common/log.h"
 #include "common/strings.h"
 #include "common/units.h"
-#include "launcher/client.h"
+#include "launcher/api/client.h"
 #include "launcher/doctor.h"
 #include "launcher/manager.h"
-#include "launcher/sandbox.h"
-#include "launcher/server.h"
-#include "launcher/tenants.h"
+#include "launcher/container/sandbox.h"
+#include "launcher/api/server.h"
+#include "launcher/api/tenants.h"
 #include "common/crypto.h"
 
 namespace {

@@ -18,8 +18,8 @@
 #include <nlohmann/json.hpp>
 
 #include "common/lmdb.h"
-#include "launcher/idempotency.h"
-#include "launcher/sandbox.h"
+#include "launcher/api/idempotency.h"
+#include "launcher/container/sandbox.h"
 
 namespace strata::launcher {
 

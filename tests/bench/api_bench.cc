@@ -22,7 +22,7 @@
 #include "common/fs.h"
 #include "common/strings.h"
 #include "common/subprocess.h"
-#include "launcher/client.h"
+#include "launcher/api/client.h"
 #include "layerctl/builder.h"
 #include "layerctl/publish.h"
 #include "tests/bench/bench_util.h"

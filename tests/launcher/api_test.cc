@@ -10,8 +10,8 @@
 #include <regex>
 
 #include "common/crypto.h"
-#include "launcher/agent_protocol.h"
-#include "launcher/client.h"
+#include "launcher/agent/protocol.h"
+#include "launcher/api/client.h"
 #include "tests/launcher/fixture.h"
 
 namespace strata::launcher {

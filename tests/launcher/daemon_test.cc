@@ -7,8 +7,8 @@
 #include <mutex>
 
 #include "common/http_server.h"
-#include "launcher/client.h"
-#include "launcher/server.h"
+#include "launcher/api/client.h"
+#include "launcher/api/server.h"
 #include "tests/launcher/fixture.h"
 
 namespace strata::launcher {

@@ -15,8 +15,8 @@
 #include "common/mount.h"
 #include "common/subprocess.h"
 #include "launcher/agent_client.h"
-#include "launcher/oci_config.h"
-#include "launcher/upper_store.h"
+#include "launcher/container/oci_config.h"
+#include "launcher/container/upper_store.h"
 
 namespace strata::launcher {
 

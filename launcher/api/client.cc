@@ -1,5 +1,5 @@
 // LauncherClient over the daemon's unix socket.
-#include "launcher/client.h"
+#include "launcher/api/client.h"
 
 #include <unistd.h>
 

@@ -12,7 +12,7 @@
 
 #include "common/http_server.h"
 #include "launcher/manager.h"
-#include "launcher/tenants.h"
+#include "launcher/api/tenants.h"
 
 namespace strata::launcher {
 

@@ -1,6 +1,6 @@
 // LauncherServer: who may call, what they may ask for, and requests to
 // SandboxManager calls.
-#include "launcher/server.h"
+#include "launcher/api/server.h"
 
 #include <fcntl.h>
 #include <grp.h>
@@ -20,7 +20,7 @@
 #include "common/strings.h"
 #include "common/unique_fd.h"
 #include "common/units.h"
-#include "launcher/agent_protocol.h"
+#include "launcher/agent/protocol.h"
 
 namespace strata::launcher {
 

@@ -1,5 +1,5 @@
 // Tenants: the tokens file, authentication and creation rates.
-#include "launcher/tenants.h"
+#include "launcher/api/tenants.h"
 
 #include <fnmatch.h>
 #include <sys/stat.h>

@@ -11,7 +11,7 @@
 #include <string>
 #include <thread>
 
-#include "launcher/agent.h"
+#include "launcher/agent/agent.h"
 
 namespace {
 constexpr int kListenFd = 3;

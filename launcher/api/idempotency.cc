@@ -1,5 +1,5 @@
 // IdempotencyKeys over the registry's "keys" database.
-#include "launcher/idempotency.h"
+#include "launcher/api/idempotency.h"
 
 #include <ctime>
 

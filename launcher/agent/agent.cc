@@ -1,5 +1,5 @@
 // The agent: requests in, processes out.
-#include "launcher/agent.h"
+#include "launcher/agent/agent.h"
 
 #include <fcntl.h>
 #include <linux/capability.h>
@@ -26,8 +26,8 @@
 
 #include "common/fs.h"
 #include "common/strings.h"
-#include "launcher/agent_protocol.h"
-#include "launcher/oci_config.h"
+#include "launcher/agent/protocol.h"
+#include "launcher/container/oci_config.h"
 
 namespace strata::launcher {
 

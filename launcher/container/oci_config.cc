@@ -1,5 +1,5 @@
 // OCI config.json for container sandboxes.
-#include "launcher/oci_config.h"
+#include "launcher/container/oci_config.h"
 
 #include <cmath>
 

@@ -1,5 +1,5 @@
 // Sandbox: compose, start, run, tear down.
-#include "launcher/sandbox.h"
+#include "launcher/container/sandbox.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -18,7 +18,7 @@
 #include "common/log.h"
 #include "common/strings.h"
 #include "common/unix_socket.h"
-#include "launcher/seccomp.h"
+#include "launcher/container/seccomp.h"
 #include "lazyfs/client.h"
 
 namespace strata::launcher {
