@@ -79,18 +79,27 @@ Status AgentClient::WaitReady(Duration wait) {
   return OkStatus();
 }
 
+namespace {
+
+json ExecRequestJson(const ExecRequest& request) {
+  return {{"argv", request.argv},
+          {"env", request.env},
+          {"cwd", request.cwd},
+          {"timeout_ms", std::chrono::duration_cast<std::chrono::milliseconds>(request.timeout).count()},
+          {"stdout_cap", request.stdout_cap},
+          {"stderr_cap", request.stderr_cap},
+          {"stdin", request.stdin_data.has_value()},
+          {"isolate", request.isolate},
+          {"isolate_network", request.isolate_network},
+          {"kill_leftovers", request.kill_leftovers}};
+}
+
+}  // namespace
+
 Result<ExecResult> AgentClient::Exec(const ExecRequest& request, const OutputSink& sink) {
   STRATA_ASSIGN_OR_RETURN(int raw, Connect());
   UniqueFd fd(raw);
-  json req = {{"argv", request.argv},
-              {"env", request.env},
-              {"cwd", request.cwd},
-              {"timeout_ms", std::chrono::duration_cast<std::chrono::milliseconds>(request.timeout).count()},
-              {"stdout_cap", request.stdout_cap},
-              {"stderr_cap", request.stderr_cap},
-              {"stdin", request.stdin_data.has_value()},
-              {"isolate", request.isolate},
-              {"isolate_network", request.isolate_network}};
+  json req = ExecRequestJson(request);
   STRATA_RETURN_IF_ERROR(WriteFrame(fd.get(), Frame::kExec, req.dump()));
   // Stdin goes on its own thread while output comes back on this one: the
   // command may answer before it has read everything.
@@ -192,6 +201,89 @@ Result<std::string> AgentClient::Get(const std::string& path) {
     if (type == Frame::kError) return ParseErrorFrame(payload);
     data += payload;
   }
+}
+
+Result<std::string> AgentClient::StartDetached(const ExecRequest& request, const std::string& exec_id) {
+  STRATA_ASSIGN_OR_RETURN(int raw, Connect(kControlReplyTimeout));
+  UniqueFd fd(raw);
+  json req = ExecRequestJson(request);
+  req["stdin"] = false;
+  req["detach"] = true;
+  if (!exec_id.empty()) req["exec_id"] = exec_id;
+  if (request.stdin_data) req["stdin_b64"] = Base64Encode(*request.stdin_data);
+  STRATA_RETURN_IF_ERROR(WriteFrame(fd.get(), Frame::kExec, req.dump(-1, ' ', false, json::error_handler_t::replace)));
+  Frame type;
+  std::string payload;
+  STRATA_RETURN_IF_ERROR(ReadFrame(fd.get(), &type, &payload).Annotate("exec " + request.argv[0] + ": no answer from the agent"));
+  if (type != Frame::kOk) return ParseErrorFrame(payload);
+  json j = json::parse(payload, nullptr, false);
+  if (!j.is_object() || !j.contains("exec_id")) return Error(EPROTO, "agent: detached exec without an id");
+  return j["exec_id"].get<std::string>();
+}
+
+Result<std::optional<ExecResult>> AgentClient::Attach(const std::string& exec_id, uint64_t stdout_offset, uint64_t stderr_offset,
+                                                      bool follow, const OutputSink& sink, int cancel_fd) {
+  STRATA_ASSIGN_OR_RETURN(int raw, Connect());
+  UniqueFd fd(raw);
+  json req = {{"exec_id", exec_id}, {"stdout_offset", stdout_offset}, {"stderr_offset", stderr_offset}, {"follow", follow}};
+  STRATA_RETURN_IF_ERROR(WriteFrame(fd.get(), Frame::kAttach, req.dump()));
+  while (true) {
+    if (cancel_fd >= 0) {
+      pollfd p[2] = {{fd.get(), POLLIN, 0}, {cancel_fd, 0, 0}};
+      while (::poll(p, 2, -1) < 0 && errno == EINTR) {
+      }
+      if (!(p[0].revents & POLLIN) && (p[1].revents & (POLLHUP | POLLERR | POLLNVAL))) {
+        return Error(ECANCELED, "attach " + exec_id + ": the caller went away");  // the command runs on
+      }
+    }
+    Frame type;
+    std::string payload;
+    Status s = ReadFrame(fd.get(), &type, &payload);
+    if (!s.ok()) return s.Annotate("attach " + exec_id + ": the agent went away (the sandbox ended?)");
+    switch (type) {
+      case Frame::kStdout: sink(1, payload); break;
+      case Frame::kStderr: sink(2, payload); break;
+      case Frame::kError: return ParseErrorFrame(payload);
+      case Frame::kOk: return std::optional<ExecResult>();
+      case Frame::kExit: {
+        STRATA_ASSIGN_OR_RETURN(ExecResult r, ParseExitFrame(payload));
+        return std::optional<ExecResult>(r);
+      }
+      default: return Error(EPROTO, StrCat("agent: unexpected frame ", static_cast<int>(type), " during attach"));
+    }
+  }
+}
+
+namespace {
+Result<json> ControlCall(int fd, Frame request, const json& body) {
+  STRATA_RETURN_IF_ERROR(WriteFrame(fd, request, body.dump()));
+  Frame type;
+  std::string payload;
+  STRATA_RETURN_IF_ERROR(ReadFrame(fd, &type, &payload).Annotate("no answer from the sandbox's agent"));
+  if (type != Frame::kOk) return ParseErrorFrame(payload);
+  json j = json::parse(payload, nullptr, false);
+  if (!j.is_object()) return Error(EPROTO, "agent: answer is not a JSON object");
+  return j;
+}
+}  // namespace
+
+Result<json> AgentClient::ExecStatus(const std::string& exec_id, Duration wait) {
+  STRATA_ASSIGN_OR_RETURN(int raw, Connect());
+  UniqueFd fd(raw);
+  return ControlCall(fd.get(), Frame::kExecStatus,
+                     {{"exec_id", exec_id}, {"wait_ms", std::chrono::duration_cast<std::chrono::milliseconds>(wait).count()}});
+}
+
+Result<json> AgentClient::ListExecs() {
+  STRATA_ASSIGN_OR_RETURN(int raw, Connect(kControlReplyTimeout));
+  UniqueFd fd(raw);
+  return ControlCall(fd.get(), Frame::kListExecs, json::object());
+}
+
+Status AgentClient::SignalExec(const std::string& exec_id, int signal) {
+  STRATA_ASSIGN_OR_RETURN(int raw, Connect(kControlReplyTimeout));
+  UniqueFd fd(raw);
+  return ControlCall(fd.get(), Frame::kSignalExec, {{"exec_id", exec_id}, {"signal", signal}}).status();
 }
 
 Result<json> AgentClient::Ping() {

@@ -32,6 +32,10 @@ struct ExecRequest {
   // the exec is abandoned: the agent sees its connection close and kills
   // the command. -1: none.
   int cancel_fd = -1;
+  // Kill what the command leaves behind in its process group once it
+  // exits (default: leftovers keep running; the exec ends 50 ms after the
+  // command while they hold its output pipes).
+  bool kill_leftovers = false;
 };
 
 struct ExecResult {
@@ -84,6 +88,20 @@ class AgentClient {
                                               std::optional<std::pair<uint32_t, uint32_t>> owner);
   Result<std::string> Get(const std::string& path);
   Result<nlohmann::json> Ping();
+
+  // Detached commands (protocol version 2): the agent runs and keeps them.
+  // Starts one (`exec_id` empty: the agent names it); returns its id.
+  Result<std::string> StartDetached(const ExecRequest& request, const std::string& exec_id);
+  // Sends its output from the offsets to `sink`: as it comes when
+  // `follow` (until it ends or `cancel_fd` hangs up), else what there is.
+  // Returns the exit report once it ended, nullopt while it runs.
+  Result<std::optional<ExecResult>> Attach(const std::string& exec_id, uint64_t stdout_offset, uint64_t stderr_offset,
+                                           bool follow, const OutputSink& sink, int cancel_fd = -1);
+  // Its description ({"id", "state", "exit"?, "stdout_bytes", ...}),
+  // waiting up to `wait` for it to end.
+  Result<nlohmann::json> ExecStatus(const std::string& exec_id, Duration wait = Duration{0});
+  Result<nlohmann::json> ListExecs();
+  Status SignalExec(const std::string& exec_id, int signal);
   // Asks the agent to kill everything and exit; the sandbox's init is gone after.
   Status Shutdown();
 

@@ -21,6 +21,10 @@ using nlohmann::json;
 
 namespace {
 
+int64_t NowMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
 constexpr size_t kLatencySamples = 4096;
 // How long an unused function-call pool stays warm.
 constexpr auto kPoolGrace = std::chrono::seconds(30);
@@ -61,6 +65,7 @@ Result<std::unique_ptr<SandboxManager>> SandboxManager::Open(NodeConfig node, co
     while (!p->reaper_cv_.wait_for(lock, std::chrono::seconds(5), [p] { return p->stopping_; })) {
       lock.unlock();
       p->ReapPools(false);
+      p->ReapExpired();
       if (++rounds % 60 == 0) p->keys_->Expire();
       lock.lock();
     }
@@ -87,11 +92,20 @@ SandboxManager::~SandboxManager() {
   for (auto& [key, pool] : pools_) pool->warm->Release();
 }
 
+int64_t SandboxManager::Entry::ExpiresInMs() const { return ttl > 0 ? last_call_ms.load() + ttl * 1000 - NowMs() : 0; }
+
 json SandboxManager::Entry::Info() const {
+  auto with_ttl = [&](json info) {
+    if (ttl > 0) {
+      info["ttl"] = ttl;
+      info["expires_in"] = std::max<double>(0, static_cast<double>(ExpiresInMs()) / 1000);
+    }
+    return info;
+  };
   if (sandbox) {
     json info = sandbox->Info();
     if (!owner.empty()) info["tenant"] = owner;
-    return info;
+    return with_ttl(info);
   }
   json info = pool->warm->Info();
   info["id"] = id;
@@ -100,7 +114,7 @@ json SandboxManager::Entry::Info() const {
   info["pool"] = pool->warm->id();
   info["created"] = created;
   if (!owner.empty()) info["tenant"] = owner;
-  return info;
+  return with_ttl(info);
 }
 
 void SandboxManager::ReapPools(bool all) {
@@ -184,6 +198,8 @@ Status SandboxManager::Recover() {
         entry->id = id;
         entry->created = record.value("created", int64_t{0});
         entry->owner = record.value("owner", "");
+        entry->ttl = record.value("ttl", int64_t{0});
+        entry->last_call_ms = NowMs();  // (a restart counts as a call: the safe side)
         const json spec = record.value("spec", json::object());
         entry->spec.layers = spec.value("layers", std::vector<std::string>{});
         entry->spec.env = spec.value("env", std::vector<std::string>{});
@@ -213,6 +229,8 @@ Status SandboxManager::Recover() {
       auto entry = std::make_shared<Entry>();
       entry->id = id;
       entry->owner = record.value("owner", "");
+      entry->ttl = record.value("ttl", int64_t{0});
+      entry->last_call_ms = NowMs();
       entry->sandbox = std::move(*sandbox);
       sandboxes_[id] = entry;
       ++recovery_.adopted;
@@ -345,8 +363,11 @@ Result<json> SandboxManager::CreateCall(SandboxSpec spec, const std::string& own
   entry->pool = pool;
   entry->spec = spec;
   entry->owner = owner;
+  entry->ttl = spec.ttl_seconds;
+  entry->last_call_ms = NowMs();
   Status s = Record(entry->id, {{"status", "running"}, {"backend", "fncall"}, {"pool", pool->warm->id()},
-                                {"created", entry->created}, {"spec", CallSpecJson(spec)}, {"owner", owner}});
+                                {"created", entry->created}, {"spec", CallSpecJson(spec)}, {"owner", owner},
+                                {"ttl", spec.ttl_seconds}});
   if (!s.ok()) {
     std::lock_guard lock(pools_mu_);
     if (--pool->users == 0) pool->idle_since = std::chrono::steady_clock::now();
@@ -374,7 +395,7 @@ Result<json> SandboxManager::Create(SandboxSpec spec, const std::string& owner) 
     return sandbox.status();
   }
   json info = (*sandbox)->Info();
-  Status s = Record(id, {{"status", "running"}, {"created", info["created"]}, {"owner", owner}});
+  Status s = Record(id, {{"status", "running"}, {"created", info["created"]}, {"owner", owner}, {"ttl", spec.ttl_seconds}});
   if (!s.ok()) {
     (*sandbox)->Destroy().IgnoreError();
     Forget(id).IgnoreError();
@@ -383,14 +404,15 @@ Result<json> SandboxManager::Create(SandboxSpec spec, const std::string& owner) 
   auto entry = std::make_shared<Entry>();
   entry->id = id;
   entry->owner = owner;
+  entry->ttl = spec.ttl_seconds;
+  entry->last_call_ms = NowMs();
   entry->sandbox = std::move(*sandbox);
   {
     std::lock_guard lock(mu_);
     sandboxes_[id] = entry;
   }
   ++creations_;
-  if (!owner.empty()) info["tenant"] = owner;
-  return info;
+  return entry->Info();
 }
 
 Result<std::shared_ptr<SandboxManager::Entry>> SandboxManager::Find(const std::string& id) {
@@ -438,6 +460,81 @@ Status SandboxManager::CheckExec(const std::string& id) {
   if (entry->gone()) return Error(ENOENT, StrCat("sandbox ", id, " is being destroyed"));
   if (entry->sandbox && entry->sandbox->paused()) return Error(EBUSY, StrCat("sandbox ", id, " is paused; resume it first"));
   return OkStatus();
+}
+
+Result<std::string> SandboxManager::StartDetached(const std::string& id, ExecRequest request, const std::string& exec_id) {
+  STRATA_ASSIGN_OR_RETURN(auto entry, Find(id));
+  std::shared_ptr<Sandbox> sb;
+  {
+    std::lock_guard lock(entry->mu);
+    STRATA_ASSIGN_OR_RETURN(sb, Container(*entry, "detached exec"));
+    if (sb->paused()) return Error(EBUSY, StrCat("sandbox ", id, " is paused; resume it first"));
+    if (request.env.empty()) request.env = entry->spec.env;
+  }
+  return sb->agent().StartDetached(request, exec_id);
+}
+
+Result<std::optional<ExecResult>> SandboxManager::Attach(const std::string& id, const std::string& exec_id, uint64_t stdout_offset,
+                                                         uint64_t stderr_offset, bool follow, const OutputSink& sink, int cancel_fd) {
+  STRATA_ASSIGN_OR_RETURN(auto entry, Find(id));
+  std::shared_ptr<Sandbox> sb;
+  {
+    std::lock_guard lock(entry->mu);
+    STRATA_ASSIGN_OR_RETURN(sb, Container(*entry, "attach"));
+  }
+  auto r = sb->agent().Attach(exec_id, stdout_offset, stderr_offset, follow, sink, cancel_fd);
+  if (r.ok() && *r && (*r)->signal == SIGKILL && !(*r)->timed_out) (*r)->oom_killed = sb->OomKilled();
+  return r;
+}
+
+Result<json> SandboxManager::ExecStatus(const std::string& id, const std::string& exec_id, Duration wait) {
+  STRATA_ASSIGN_OR_RETURN(auto entry, Find(id));
+  std::shared_ptr<Sandbox> sb;
+  {
+    std::lock_guard lock(entry->mu);
+    STRATA_ASSIGN_OR_RETURN(sb, Container(*entry, "exec status"));
+  }
+  return sb->agent().ExecStatus(exec_id, wait);
+}
+
+Result<json> SandboxManager::ListExecs(const std::string& id) {
+  STRATA_ASSIGN_OR_RETURN(auto entry, Find(id));
+  std::shared_ptr<Sandbox> sb;
+  {
+    std::lock_guard lock(entry->mu);
+    STRATA_ASSIGN_OR_RETURN(sb, Container(*entry, "list execs"));
+  }
+  return sb->agent().ListExecs();
+}
+
+Status SandboxManager::SignalExec(const std::string& id, const std::string& exec_id, int signal) {
+  STRATA_ASSIGN_OR_RETURN(auto entry, Find(id));
+  std::shared_ptr<Sandbox> sb;
+  {
+    std::lock_guard lock(entry->mu);
+    STRATA_ASSIGN_OR_RETURN(sb, Container(*entry, "signal"));
+  }
+  return sb->agent().SignalExec(exec_id, signal);
+}
+
+void SandboxManager::Touch(const std::string& id) {
+  auto entry = Find(id);
+  if (entry.ok()) (*entry)->last_call_ms = NowMs();
+}
+
+void SandboxManager::ReapExpired() {
+  std::vector<std::string> expired;
+  {
+    std::lock_guard lock(mu_);
+    for (auto& [id, e] : sandboxes_) {
+      if (e->ttl > 0 && e->ExpiresInMs() <= 0) expired.push_back(id);
+    }
+  }
+  for (const auto& id : expired) {
+    STRATA_LOG(kInfo) << "sandbox " << id << ": its ttl passed with no call; destroying it";
+    Status s = Destroy(id);
+    if (!s.ok() && s.code() != ENOENT) STRATA_LOG(kWarn) << "destroy expired sandbox " << id << ": " << s.ToString();
+  }
 }
 
 Status SandboxManager::Put(const std::string& id, const std::string& path, std::string_view data, uint32_t mode) {

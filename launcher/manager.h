@@ -41,6 +41,17 @@ class SandboxManager {
   // What Exec would refuse at once (no such sandbox, paused), so a
   // streamed answer can still carry it as its HTTP status.
   Status CheckExec(const std::string& id);
+
+  // Detached commands (the agent's; they outlive this daemon).
+  Result<std::string> StartDetached(const std::string& id, ExecRequest request, const std::string& exec_id);
+  Result<std::optional<ExecResult>> Attach(const std::string& id, const std::string& exec_id, uint64_t stdout_offset,
+                                           uint64_t stderr_offset, bool follow, const OutputSink& sink, int cancel_fd);
+  Result<nlohmann::json> ExecStatus(const std::string& id, const std::string& exec_id, Duration wait);
+  Result<nlohmann::json> ListExecs(const std::string& id);
+  Status SignalExec(const std::string& id, const std::string& exec_id, int signal);
+
+  // A call on the sandbox: its ttl counts from now.
+  void Touch(const std::string& id);
   Status Put(const std::string& id, const std::string& path, std::string_view data, uint32_t mode);
   // Starts a file upload streamed to the sandbox piece by piece.
   Result<std::unique_ptr<AgentClient::PutStream>> BeginPut(const std::string& id, const std::string& path, uint32_t mode);
@@ -94,6 +105,9 @@ class SandboxManager {
     std::string id;
     std::string owner;  // tenant; "" for the operator's
     int64_t created = 0;
+    int64_t ttl = 0;    // seconds after the last call; 0: none
+    std::atomic<int64_t> last_call_ms{0};  // steady clock
+    int64_t ExpiresInMs() const;
     bool gone() const { return !sandbox && !pool; }
     nlohmann::json Info() const;
   };
@@ -104,6 +118,8 @@ class SandboxManager {
   // Destroys pools idle for longer than the grace period (all idle ones
   // with `all`).
   void ReapPools(bool all);
+  // Destroys sandboxes whose ttl passed.
+  void ReapExpired();
   Result<std::shared_ptr<Entry>> Find(const std::string& id);
   // The entry's container sandbox, or an error naming why there is none.
   static Result<std::shared_ptr<Sandbox>> Container(Entry& entry, const char* what);

@@ -19,7 +19,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <ctime>
+#include <functional>
+#include <memory>
+#include <optional>
 #include <cstring>
 #include <thread>
 #include <vector>
@@ -260,28 +265,42 @@ int Agent::WaitChild(pid_t pid) {
   return status;
 }
 
-Status Agent::Exec(int conn, const json& req) {
+// A command forked and not yet waited for.
+struct Agent::Started {
+  pid_t pid = -1;
+  UniqueFd out_r, err_r, in_w;
+  std::chrono::steady_clock::time_point start;
+  int64_t timeout_ms = 0;
+  uint64_t caps[2] = {0, 0};
+  bool kill_leftovers = false;
+  std::string argv0;
+};
+
+Result<Agent::Started> Agent::Start(const json& req, bool want_stdin) {
   std::vector<std::string> argv, env;
   try {
     argv = req.at("argv").get<std::vector<std::string>>();
     if (req.contains("env")) env = req["env"].get<std::vector<std::string>>();
   } catch (const json::exception&) {
-    return SendError(conn, Error(EINVAL, "exec: argv and env must be arrays of strings"));
+    return Error(EINVAL, "exec: argv and env must be arrays of strings");
   }
-  if (argv.empty()) return SendError(conn, Error(EINVAL, "exec: empty argv"));
+  if (argv.empty()) return Error(EINVAL, "exec: empty argv");
   std::string cwd = req.value("cwd", "");
   if (cwd.empty()) cwd = "/";
-  const int64_t timeout_ms = req.value("timeout_ms", int64_t{0});
-  const uint64_t caps[2] = {req.value("stdout_cap", uint64_t{1} << 20), req.value("stderr_cap", uint64_t{1} << 20)};
-  const bool want_stdin = req.value("stdin", false);
+  Started started;
+  started.timeout_ms = req.value("timeout_ms", int64_t{0});
+  started.caps[0] = req.value("stdout_cap", uint64_t{1} << 20);
+  started.caps[1] = req.value("stderr_cap", uint64_t{1} << 20);
+  started.kill_leftovers = req.value("kill_leftovers", false);
+  started.argv0 = argv[0];
   const bool isolate = req.value("isolate", false);
   const bool isolate_network = req.value("isolate_network", true);
   const std::string* call_seccomp = nullptr;
   if (isolate) {
     call_seccomp = CallSeccomp();
-    if (!call_seccomp) return SendError(conn, Error(ENOENT, "call: no seccomp program in " + std::string(kAgentSocketDir)));
+    if (!call_seccomp) return Error(ENOENT, "call: no seccomp program in " + std::string(kAgentSocketDir));
     for (const char* dir : {"/tmp", "/proc"}) {
-      if (::access(dir, F_OK) != 0) return SendError(conn, Error(ENOENT, std::string("call: the image has no ") + dir + " to mount the call's own on"));
+      if (::access(dir, F_OK) != 0) return Error(ENOENT, std::string("call: the image has no ") + dir + " to mount the call's own on");
     }
   }
   bool has_path = false;
@@ -289,9 +308,7 @@ Status Agent::Exec(int conn, const json& req) {
   if (!has_path) env.push_back(std::string("PATH=") + kDefaultPath);
 
   int out[2], err[2], in[2];
-  if (::pipe2(out, O_CLOEXEC) || ::pipe2(err, O_CLOEXEC) || ::pipe2(in, O_CLOEXEC)) {
-    return SendError(conn, ErrnoError(errno, "exec: pipe"));
-  }
+  if (::pipe2(out, O_CLOEXEC) || ::pipe2(err, O_CLOEXEC) || ::pipe2(in, O_CLOEXEC)) return ErrnoError(errno, "exec: pipe");
   UniqueFd out_r(out[0]), out_w(out[1]), err_r(err[0]), err_w(err[1]), in_r(in[0]), in_w(in[1]);
   std::vector<char*> cargv, cenv;
   for (auto& a : argv) cargv.push_back(a.data());
@@ -299,10 +316,10 @@ Status Agent::Exec(int conn, const json& req) {
   for (auto& e : env) cenv.push_back(e.data());
   cenv.push_back(nullptr);
   int exec_error[2];
-  if (::pipe2(exec_error, O_CLOEXEC)) return SendError(conn, ErrnoError(errno, "exec: pipe"));
+  if (::pipe2(exec_error, O_CLOEXEC)) return ErrnoError(errno, "exec: pipe");
   UniqueFd err_pipe_r(exec_error[0]), err_pipe_w(exec_error[1]);
 
-  const auto start = std::chrono::steady_clock::now();
+  started.start = std::chrono::steady_clock::now();
   pid_t pid;
   {
     std::lock_guard lock(mu_);
@@ -328,7 +345,7 @@ Status Agent::Exec(int conn, const json& req) {
       cv_.notify_all();
     }
   }
-  if (pid < 0) return SendError(conn, ErrnoError(errno, "exec: fork"));
+  if (pid < 0) return ErrnoError(errno, "exec: fork");
   out_w.reset();
   err_w.reset();
   in_r.reset();
@@ -339,27 +356,35 @@ Status Agent::Exec(int conn, const json& req) {
     std::string where = failed.step == StartStep::kExec ? "exec " + argv[0]
                         : failed.step == StartStep::kChdir ? StrCat("exec ", argv[0], ": working directory ", cwd)
                                                            : StrCat("exec ", argv[0], ": ", StepName(failed.step));
-    return SendError(conn, ErrnoError(failed.err, where));
+    return ErrnoError(failed.err, where);
   }
   if (!want_stdin) in_w.reset();
+  started.pid = pid;
+  started.out_r = std::move(out_r);
+  started.err_r = std::move(err_r);
+  started.in_w = std::move(in_w);
+  return started;
+}
 
+json Agent::Pump(Started& c, int conn, const std::function<bool(int, std::string_view)>& emit) {
+  const pid_t pid = c.pid;
   // Stdin is written without blocking: a command that fills its stdout
   // before reading all its stdin must not deadlock against us.
   std::string pending_in;
   size_t pending_off = 0;
+  UniqueFd& in_w = c.in_w;
   if (in_w) ::fcntl(in_w.get(), F_SETFL, O_NONBLOCK);
   uint64_t sent[2] = {0, 0}, total[2] = {0, 0};
-  bool timed_out = false, conn_open = true;
-  UniqueFd* pipes[2] = {&out_r, &err_r};
+  bool timed_out = false, conn_open = conn >= 0, emitting = true;
+  UniqueFd* pipes[2] = {&c.out_r, &c.err_r};
   std::vector<char> buf(64 * 1024);
-  auto deadline = start + std::chrono::milliseconds(timeout_ms);
-  Status send_status;
+  auto deadline = c.start + std::chrono::milliseconds(c.timeout_ms);
   // Until both pipes close (the command and everything it started let go
   // of them) or the command is gone and its pipes stay quiet.
   bool exited = false;
   int wait_status = 0;
   auto quiet_since = std::chrono::steady_clock::time_point::max();
-  while (out_r || err_r) {
+  while (c.out_r || c.err_r) {
     pollfd fds[4];
     int n = 0;
     for (auto* p : pipes) {
@@ -370,7 +395,7 @@ Status Agent::Exec(int conn, const json& req) {
     // Take more from the launcher only when the last stdin piece is gone.
     if (conn_open && !writing) fds[n++] = {conn, POLLIN, 0};
     int wait_ms = 100;
-    if (timeout_ms > 0 && !timed_out) {
+    if (c.timeout_ms > 0 && !timed_out) {
       auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count();
       if (left <= 0) {
         timed_out = true;
@@ -409,7 +434,7 @@ Status Agent::Exec(int conn, const json& req) {
         else if (w < 0 && errno != EAGAIN && errno != EINTR) in_w.reset();  // the command closed its stdin
         continue;
       }
-      int k = (out_r && fds[i].fd == out_r.get()) ? 0 : 1;
+      int k = (c.out_r && fds[i].fd == c.out_r.get()) ? 0 : 1;
       ssize_t r = ::read(pipes[k]->get(), buf.data(), buf.size());
       if (r <= 0) {
         if (r < 0 && errno == EINTR) continue;
@@ -419,9 +444,9 @@ Status Agent::Exec(int conn, const json& req) {
       got_data = true;
       total[k] += static_cast<uint64_t>(r);
       // Bytes past the cap are read (so the command never blocks) and dropped.
-      if (sent[k] < caps[k] && send_status.ok()) {
-        size_t take = static_cast<size_t>(std::min<uint64_t>(static_cast<uint64_t>(r), caps[k] - sent[k]));
-        send_status = WriteFrame(conn, k == 0 ? Frame::kStdout : Frame::kStderr, std::string_view(buf.data(), take));
+      if (sent[k] < c.caps[k] && emitting) {
+        size_t take = static_cast<size_t>(std::min<uint64_t>(static_cast<uint64_t>(r), c.caps[k] - sent[k]));
+        emitting = emit(k + 1, std::string_view(buf.data(), take));
         sent[k] += take;
       }
     }
@@ -432,6 +457,8 @@ Status Agent::Exec(int conn, const json& req) {
         wait_status = children_[pid];
         children_.erase(pid);
         quiet_since = std::chrono::steady_clock::now();
+        // Asked for: what the command left behind in its process group goes with it.
+        if (c.kill_leftovers) ::kill(-pid, SIGKILL);
       }
     }
     if (exited) {
@@ -441,7 +468,7 @@ Status Agent::Exec(int conn, const json& req) {
     }
   }
   if (!exited) wait_status = WaitChild(pid);
-  if (timed_out) ::kill(-pid, SIGKILL);  // stragglers of the group
+  if (timed_out || c.kill_leftovers) ::kill(-pid, SIGKILL);  // stragglers of the group
   json result = {
       {"exit_code", WIFEXITED(wait_status) ? WEXITSTATUS(wait_status) : -1},
       {"signal", WIFSIGNALED(wait_status) ? WTERMSIG(wait_status) : 0},
@@ -450,10 +477,171 @@ Status Agent::Exec(int conn, const json& req) {
       {"stderr_bytes", total[1]},
       {"stdout_truncated", total[0] > sent[0]},
       {"stderr_truncated", total[1] > sent[1]},
-      {"duration_ms", std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start).count()},
+      {"duration_ms", std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - c.start).count()},
   };
-  if (!conn_open) return OkStatus();
+  if (conn >= 0 && !conn_open) result["abandoned"] = true;
+  return result;
+}
+
+Status Agent::Exec(int conn, const json& req) {
+  if (req.value("detach", false)) return StartDetached(conn, req);
+  auto started = Start(req, req.value("stdin", false));
+  if (!started.ok()) return SendError(conn, started.status());
+  Status send_status;
+  json result = Pump(*started, conn, [&](int stream, std::string_view bytes) {
+    send_status = WriteFrame(conn, stream == 1 ? Frame::kStdout : Frame::kStderr, bytes);
+    return send_status.ok();
+  });
+  if (result.value("abandoned", false)) return OkStatus();
   return WriteFrame(conn, Frame::kExit, result.dump());
+}
+
+// ---- Detached commands (protocol version 2): they belong to the agent,
+// not to a connection, so they outlive the launcher's connection and the
+// launcher itself.
+
+json Agent::Detached::Describe() const {
+  json j = {{"id", id}, {"argv", argv}, {"started", started}, {"state", done ? "exited" : "running"},
+            {"stdout_bytes", out.size()}, {"stderr_bytes", err.size()}};
+  if (done) j["exit"] = exit;
+  return j;
+}
+
+Status Agent::StartDetached(int conn, const json& req) {
+  std::shared_ptr<Detached> d;
+  {
+    std::lock_guard lock(detached_mu_);
+    // Room for a new one: forget the oldest finished ones past the limit.
+    while (detached_.size() >= kMaxDetached) {
+      auto oldest = detached_.end();
+      for (auto it = detached_.begin(); it != detached_.end(); ++it) {
+        std::lock_guard l(it->second->mu);
+        if (it->second->done && (oldest == detached_.end() || it->second->seq < oldest->second->seq)) oldest = it;
+      }
+      if (oldest == detached_.end()) {
+        return SendError(conn, Error(EAGAIN, StrCat("exec: ", kMaxDetached, " detached commands run already")));
+      }
+      detached_.erase(oldest);
+    }
+    d = std::make_shared<Detached>();
+    d->seq = ++detached_seq_;
+    std::string id = req.value("exec_id", "");
+    if (id.empty() || detached_.count(id)) id = StrCat("ex-", ::getpid(), "-", d->seq);
+    d->id = id;
+  }
+  d->argv = req.value("argv", json::array());
+  d->started = static_cast<int64_t>(::time(nullptr));
+  std::optional<std::string> input;
+  if (req.contains("stdin_b64") && req["stdin_b64"].is_string()) {
+    input = Base64Decode(req["stdin_b64"].get<std::string>());
+    if (!input) return SendError(conn, Error(EINVAL, "exec: stdin_b64 is not base64"));
+  }
+  auto started = Start(req, input.has_value());
+  if (!started.ok()) return SendError(conn, started.status());
+  d->pid = started->pid;
+  {
+    std::lock_guard lock(detached_mu_);
+    detached_[d->id] = d;
+  }
+  // The pump runs on its own thread; stdin, if any, is written by another
+  // so a command that fills its output first never stalls on it.
+  auto command = std::make_shared<Started>(std::move(*started));
+  if (input) {
+    int in = command->in_w.release();
+    std::thread([in, data = std::move(*input)] {
+      WriteFull(in, data).IgnoreError();
+      ::close(in);
+    }).detach();
+  }
+  std::thread([this, d, command] {
+    json result = Pump(*command, -1, [&](int stream, std::string_view bytes) {
+      std::lock_guard lock(d->mu);
+      (stream == 1 ? d->out : d->err).append(bytes);
+      d->cv.notify_all();
+      return true;
+    });
+    std::lock_guard lock(d->mu);
+    d->done = true;
+    d->exit = result;
+    d->cv.notify_all();
+  }).detach();
+  return WriteFrame(conn, Frame::kOk, json{{"exec_id", d->id}}.dump());
+}
+
+std::shared_ptr<Agent::Detached> Agent::FindDetached(const std::string& id) {
+  std::lock_guard lock(detached_mu_);
+  auto it = detached_.find(id);
+  return it == detached_.end() ? nullptr : it->second;
+}
+
+Status Agent::Attach(int conn, const json& req) {
+  auto d = FindDetached(req.value("exec_id", ""));
+  if (!d) return SendError(conn, Error(ENOENT, "exec " + Quote(req.value("exec_id", "")) + ": no such detached command"));
+  uint64_t at[2] = {req.value("stdout_offset", uint64_t{0}), req.value("stderr_offset", uint64_t{0})};
+  const bool follow = req.value("follow", true);
+  while (true) {
+    std::string pieces[2];
+    bool done;
+    json exit;
+    {
+      std::unique_lock lock(d->mu);
+      auto ready = [&] { return d->done || d->out.size() > at[0] || d->err.size() > at[1]; };
+      // Wake now and then to notice a launcher that went away.
+      if (follow) d->cv.wait_for(lock, std::chrono::milliseconds(500), ready);
+      for (int k = 0; k < 2; ++k) {
+        const std::string& buf = k == 0 ? d->out : d->err;
+        if (buf.size() > at[k]) pieces[k] = buf.substr(at[k]);
+        at[k] = std::max<uint64_t>(at[k], buf.size());
+      }
+      done = d->done;
+      exit = d->exit;
+    }
+    for (int k = 0; k < 2; ++k) {
+      for (size_t off = 0; off < pieces[k].size(); off += kMaxFrame) {
+        STRATA_RETURN_IF_ERROR(WriteFrame(conn, k == 0 ? Frame::kStdout : Frame::kStderr,
+                                          std::string_view(pieces[k]).substr(off, kMaxFrame)));
+      }
+    }
+    if (done) return WriteFrame(conn, Frame::kExit, exit.dump());
+    if (!follow) return WriteFrame(conn, Frame::kOk, json{{"state", "running"}}.dump());
+    pollfd p{conn, POLLIN, 0};
+    if (::poll(&p, 1, 0) == 1 && (p.revents & (POLLHUP | POLLERR | POLLIN))) return OkStatus();  // gone (or talking out of turn)
+  }
+}
+
+Status Agent::ExecStatus(int conn, const json& req) {
+  auto d = FindDetached(req.value("exec_id", ""));
+  if (!d) return SendError(conn, Error(ENOENT, "exec " + Quote(req.value("exec_id", "")) + ": no such detached command"));
+  const int64_t wait_ms = req.value("wait_ms", int64_t{0});
+  std::unique_lock lock(d->mu);
+  if (wait_ms > 0) d->cv.wait_for(lock, std::chrono::milliseconds(wait_ms), [&] { return d->done; });
+  return WriteFrame(conn, Frame::kOk, d->Describe().dump());
+}
+
+Status Agent::ListExecs(int conn) {
+  std::vector<std::shared_ptr<Detached>> all;
+  {
+    std::lock_guard lock(detached_mu_);
+    for (auto& [id, d] : detached_) all.push_back(d);
+  }
+  std::sort(all.begin(), all.end(), [](const auto& a, const auto& b) { return a->seq < b->seq; });
+  json list = json::array();
+  for (auto& d : all) {
+    std::lock_guard lock(d->mu);
+    list.push_back(d->Describe());
+  }
+  return WriteFrame(conn, Frame::kOk, json{{"execs", list}}.dump());
+}
+
+Status Agent::SignalExec(int conn, const json& req) {
+  auto d = FindDetached(req.value("exec_id", ""));
+  if (!d) return SendError(conn, Error(ENOENT, "exec " + Quote(req.value("exec_id", "")) + ": no such detached command"));
+  const int sig = req.value("signal", SIGTERM);
+  {
+    std::lock_guard lock(d->mu);
+    if (!d->done && ::kill(-d->pid, sig) != 0) return SendError(conn, ErrnoError(errno, "signal " + d->id));
+  }
+  return WriteFrame(conn, Frame::kOk, "{}");
 }
 
 Status Agent::Put(int conn, const json& req) {
@@ -532,7 +720,11 @@ void Agent::HandleConnection(UniqueFd conn) {
     case Frame::kExec: s = Exec(conn.get(), *req); break;
     case Frame::kPut: s = Put(conn.get(), *req); break;
     case Frame::kGet: s = Get(conn.get(), *req); break;
-    case Frame::kPing: s = WriteFrame(conn.get(), Frame::kOk, json{{"pid", ::getpid()}, {"version", 1}}.dump()); break;
+    case Frame::kPing: s = WriteFrame(conn.get(), Frame::kOk, json{{"pid", ::getpid()}, {"version", kAgentProtocolVersion}}.dump()); break;
+    case Frame::kAttach: s = Attach(conn.get(), *req); break;
+    case Frame::kExecStatus: s = ExecStatus(conn.get(), *req); break;
+    case Frame::kListExecs: s = ListExecs(conn.get()); break;
+    case Frame::kSignalExec: s = SignalExec(conn.get(), *req); break;
     case Frame::kShutdown: {
       {
         std::lock_guard lock(mu_);

@@ -1,10 +1,16 @@
 // The in-sandbox agent: a small static program that runs as the sandbox's
 // init (PID 1). It runs commands with streamed and capped output, kills
 // whole process groups on timeout, reaps every zombie, and moves files.
+// Detached commands (protocol version 2) are its own: their state and
+// output (up to their caps) live here, so they outlive the connection that
+// started them and the launcher itself.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 
@@ -24,8 +30,40 @@ class Agent {
   void ReapLoop();
 
  private:
+  // The most detached commands kept at once; finished ones are forgotten,
+  // oldest first, to make room.
+  static constexpr size_t kMaxDetached = 256;
+
+  struct Started;
+  struct Detached {
+    std::string id;
+    uint64_t seq = 0;
+    nlohmann::json argv;
+    int64_t started = 0;  // unix time
+    pid_t pid = -1;
+    std::mutex mu;
+    std::condition_variable cv;
+    std::string out, err;  // what it wrote, up to its caps
+    bool done = false;
+    nlohmann::json exit;  // the exit report once done
+    nlohmann::json Describe() const;  // under mu
+  };
+
   void HandleConnection(UniqueFd conn);
+  // Forks the command of an exec request; the error says which step failed.
+  Result<Started> Start(const nlohmann::json& request, bool want_stdin);
+  // Relays a started command's output to `emit` (1 stdout, 2 stderr; up to
+  // the caps; false stops emitting) and, when `conn` >= 0, takes stdin and
+  // signals from it (a closed `conn` kills the command). Returns the exit
+  // report once the command is gone and its pipes closed or stayed quiet.
+  nlohmann::json Pump(Started& command, int conn, const std::function<bool(int, std::string_view)>& emit);
   Status Exec(int conn, const nlohmann::json& request);
+  Status StartDetached(int conn, const nlohmann::json& request);
+  std::shared_ptr<Detached> FindDetached(const std::string& id);
+  Status Attach(int conn, const nlohmann::json& request);
+  Status ExecStatus(int conn, const nlohmann::json& request);
+  Status ListExecs(int conn);
+  Status SignalExec(int conn, const nlohmann::json& request);
   Status Put(int conn, const nlohmann::json& request);
   Status Get(int conn, const nlohmann::json& request);
   // Waits for child `pid` (registered before it could exit) to be reaped.
@@ -40,6 +78,9 @@ class Agent {
   uint64_t spawned_ = 0;           // children started so far (wakes the reaper)
   bool shutting_down_ = false;
   std::string call_seccomp_;
+  std::mutex detached_mu_;
+  std::map<std::string, std::shared_ptr<Detached>> detached_;
+  uint64_t detached_seq_ = 0;
 };
 
 }  // namespace strata::launcher

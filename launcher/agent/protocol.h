@@ -16,10 +16,17 @@
 
 namespace strata::launcher {
 
+// The version a ping reports. 2 added detached commands (kExec with
+// "detach", kAttach, kExecStatus, kListExecs, kSignalExec) and
+// "kill_leftovers".
+inline constexpr int kAgentProtocolVersion = 2;
+
 enum class Frame : uint8_t {
   // launcher -> agent
   kExec = 1,      // {"argv": [...], "env": ["K=V"], "cwd": "/", "timeout_ms": 0,
-                  //  "stdout_cap": N, "stderr_cap": N, "stdin": bool}
+                  //  "stdout_cap": N, "stderr_cap": N, "stdin": bool, "kill_leftovers": bool}
+                  // With "detach": true (and optional "exec_id", "stdin_b64"):
+                  // -> kOk {"exec_id": "..."} at once; the command is the agent's.
   kStdin = 2,     // bytes for the command's stdin (when "stdin" was true)
   kStdinEof = 3,  // no more stdin
   kSignal = 4,    // {"signal": 15}: to the running command's process group
@@ -27,6 +34,12 @@ enum class Frame : uint8_t {
   kGet = 6,       // {"path": "/x"}
   kShutdown = 7,  // stop every process and exit (the sandbox ends)
   kPing = 8,      // {} -> kOk {"pid": 1, "version": ...}
+  kAttach = 9,    // {"exec_id", "stdout_offset": N, "stderr_offset": N, "follow": bool}
+                  // -> kStdout/kStderr from the offsets, then kExit when it ended,
+                  //    or (follow false, still running) kOk {"state": "running"}
+  kExecStatus = 10,  // {"exec_id", "wait_ms": N} -> kOk {"id", "state", "exit"?, ...}
+  kListExecs = 11,   // {} -> kOk {"execs": [...]}
+  kSignalExec = 12,  // {"exec_id", "signal": 15} -> kOk {}
   // agent -> launcher
   kStdout = 16,   // bytes the command wrote, up to the cap
   kStderr = 17,

@@ -50,6 +50,9 @@ struct SandboxSpec {
   bool host_network = false;
   std::vector<std::string> env;     // for commands
   std::string workdir = "/";
+  // The daemon destroys the sandbox this long after the last call on it
+  // (0: never). Kept by the daemon, not the sandbox.
+  int64_t ttl_seconds = 0;
 };
 
 class Sandbox {
