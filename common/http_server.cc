@@ -135,7 +135,11 @@ struct HttpServer::Impl {
       const auto now = Clock::now();
       for (Conn* c : conns) {
         if (c->cut) continue;
-        bool late = (c->state == Conn::kIdle && l.idle_timeout.count() > 0 && now - c->since > l.idle_timeout) ||
+        // An upload has no deadline as a whole, but goes idle like a
+        // connection when no byte of it arrives (its state is renewed by
+        // every piece).
+        bool late = ((c->state == Conn::kIdle || c->state == Conn::kUpload) && l.idle_timeout.count() > 0 &&
+                     now - c->since > l.idle_timeout) ||
                     (c->state == Conn::kReading && l.request_timeout.count() > 0 && now - c->since > l.request_timeout);
         if (late) {
           ::shutdown(c->watch.get(), SHUT_RDWR);
@@ -320,7 +324,10 @@ MHD_Result Access(void* cls, MHD_Connection* connection, const char* url, const 
     const size_t n = *upload_size;
     *upload_size = 0;
     if (pending->upload) {
-      if (!pending->upload_error.ok()) return MHD_YES;  // drop the rest
+      // After an error the rest is not read: the connection closes (an
+      // endless body must not keep a thread reading).
+      if (!pending->upload_error.ok()) return MHD_NO;
+      impl->SetState(pending->conn, Conn::kUpload);  // it is moving
       pending->uploaded += n;
       if (pending->uploaded > limits.max_upload_bytes) {
         pending->upload_error = Error(EFBIG, StrCat("upload is larger than the server takes (", FormatBytes(limits.max_upload_bytes), ")"));
@@ -479,7 +486,9 @@ int HttpServer::HttpStatusFor(int err) {
     case EEXIST:
     case EBUSY: return 409;
     case EFBIG: return 413;
-    case EDQUOT: return 429;   // a tenant's limit
+    case EUSERS: return 429;   // a tenant's limit
+    case EDQUOT:
+    case ENOSPC: return 507;   // a sandbox's disk quota, a full disk
     case ENOKEY:               // no token
     case EKEYREJECTED: return 401;  // an unknown or revoked token
     case ETIMEDOUT: return 504;

@@ -173,7 +173,8 @@ int Serve(const ServeOptions& options, const NodeConfig& node) {
     // SIGHUP rereads the tokens: added and revoked tenants take effect at
     // once; sandboxes are not touched.
     Status s = (*server)->ReloadTokens();
-    if (s.ok()) std::fprintf(stderr, "launcher: SIGHUP: tokens reread\n");
+    if (s.ok() && options.tokens_file.empty() && options.legacy_token_file.empty()) std::fprintf(stderr, "launcher: SIGHUP: no tokens file to reread\n");
+    else if (s.ok()) std::fprintf(stderr, "launcher: SIGHUP: tokens reread\n");
     else std::fprintf(stderr, "launcher: SIGHUP: %s\n", s.ToString().c_str());
   }
   std::fprintf(stderr, "launcher: signal %d: stopping (sandboxes keep running; a restart re-adopts them)\n", sig);

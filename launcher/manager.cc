@@ -29,8 +29,9 @@ constexpr size_t kLatencySamples = 4096;
 // How long an unused function-call pool stays warm.
 constexpr auto kPoolGrace = std::chrono::seconds(30);
 
-std::string PoolKey(const SandboxSpec& spec) {
-  return StrCat(Join(spec.layers, ","), "|", cache::DefaultStoreUrl(spec.store), "|", spec.limits.cpus, "|", spec.limits.memory,
+// Pools are not shared across tenants (their calls share a cgroup).
+std::string PoolKey(const SandboxSpec& spec, const std::string& owner) {
+  return StrCat(owner, "|", Join(spec.layers, ","), "|", cache::DefaultStoreUrl(spec.store), "|", spec.limits.cpus, "|", spec.limits.memory,
                 "|", spec.limits.pids, "|", spec.host_network ? "host" : "none");
 }
 
@@ -298,7 +299,7 @@ Status SandboxManager::Recover() {
 }
 
 Result<json> SandboxManager::CreateCall(SandboxSpec spec, const std::string& owner) {
-  const std::string key = PoolKey(spec);
+  const std::string key = PoolKey(spec, owner);
   std::shared_ptr<Pool> pool;
   {
     std::lock_guard lock(pools_mu_);

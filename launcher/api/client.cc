@@ -70,9 +70,12 @@ Result<std::string> LauncherClient::Call(const std::string& method, const std::s
   return response.body;
 }
 
+// Any HTTP answer counts (a 401 too): the caller's next call then says
+// what is wrong, instead of "no daemon".
 bool LauncherClient::Alive() {
   if (!socket_path_.empty() && ::access(socket_path_.c_str(), F_OK) != 0) return false;
-  return Call("GET", "/v1/health", "").ok();
+  auto r = Raw("GET", "/v1/health", "");
+  return r.ok() && r->status > 0;
 }
 
 namespace {

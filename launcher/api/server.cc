@@ -3,12 +3,14 @@
 #include "launcher/api/server.h"
 
 #include <fcntl.h>
+#include <strings.h>
 #include <grp.h>
 #include <poll.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <csignal>
 #include <fstream>
 #include <memory>
 #include <sstream>
@@ -33,6 +35,11 @@ namespace {
 // Most sandboxes one bulk create makes, and how many it makes at once.
 constexpr int kMaxBulk = 1000;
 constexpr int kBulkParallel = 8;
+// The most output an exec may keep per stream (a collected answer holds it).
+constexpr uint64_t kMaxOutputCap = uint64_t{64} << 20;
+// An idempotent exec's kept answer holds its output only up to this much
+// (both streams); past it the answer is kept without it.
+constexpr size_t kMaxKeptOutput = size_t{2} << 20;
 
 std::string Dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
@@ -90,6 +97,15 @@ Result<SandboxSpec> ParseSpec(const json& j) {
     spec.host_network = net == "host";
     spec.env = j.value("env", std::vector<std::string>{});
     spec.workdir = j.value("workdir", "/");
+    if (j.contains("ttl") && !j["ttl"].is_null()) {
+      if (j["ttl"].is_string()) {
+        STRATA_ASSIGN_OR_RETURN(Duration d, ParseDuration(j["ttl"].get<std::string>()));
+        spec.ttl_seconds = std::chrono::duration_cast<std::chrono::seconds>(d).count();
+      } else {
+        spec.ttl_seconds = static_cast<int64_t>(j["ttl"].get<double>());
+      }
+      if (spec.ttl_seconds < 0) return Error(EINVAL, "create: ttl must not be negative");
+    }
   } catch (const json::exception& e) {
     return Error(EINVAL, StrCat("create: ", e.what()));
   }
@@ -111,7 +127,9 @@ Result<ExecRequest> ParseExec(const json& j) {
       }
     }
     uint64_t cap = j.value("output_cap", uint64_t{1} << 20);
+    if (cap > kMaxOutputCap) return Error(EINVAL, StrCat("exec: output_cap is at most ", kMaxOutputCap, " bytes"));
     r.stdout_cap = r.stderr_cap = cap;
+    r.kill_leftovers = j.value("kill_leftovers", false);
     if (j.contains("stdin")) {
       auto in = Base64Decode(j["stdin"].get<std::string>());
       if (!in) return Error(EINVAL, "exec: stdin is not base64");
@@ -125,6 +143,22 @@ Result<ExecRequest> ParseExec(const json& j) {
     if (a.find('\0') != std::string::npos) return Error(EINVAL, "exec: an argument holds a NUL byte");
   }
   return r;
+}
+
+// A signal by number or name ("TERM", "SIGKILL").
+Result<int> ParseSignal(const json& j) {
+  if (j.is_number_integer()) {
+    int n = j.get<int>();
+    if (n > 0 && n < 65) return n;
+  } else if (j.is_string()) {
+    std::string name = j.get<std::string>();
+    if (name.starts_with("SIG")) name = name.substr(3);
+    static const std::map<std::string, int> kNames = {{"HUP", SIGHUP},   {"INT", SIGINT},   {"QUIT", SIGQUIT}, {"KILL", SIGKILL},
+                                                      {"USR1", SIGUSR1}, {"USR2", SIGUSR2}, {"TERM", SIGTERM}, {"CONT", SIGCONT},
+                                                      {"STOP", SIGSTOP}};
+    if (auto it = kNames.find(name); it != kNames.end()) return it->second;
+  }
+  return Error(EINVAL, "signal must be a number (1-64) or a name such as TERM or KILL");
 }
 
 // A path in a sandbox for the file calls: absolute, no NUL, no "..".
@@ -160,6 +194,29 @@ std::string Fingerprint(const Request& req, json body) {
   body.erase("stream");  // how the answer is delivered is not the request
   return HashBytes(StrCat(req.method, " ", req.path, "\n", Dump(body))).Hex();
 }
+
+// A claimed idempotency key that an exception on the way would leave held
+// (every retry would wait on it): released unless settled.
+struct KeyGuard {
+  IdempotencyKeys* keys = nullptr;
+  std::string scope, key;
+  KeyGuard() = default;
+  KeyGuard(const KeyGuard&) = delete;
+  KeyGuard& operator=(const KeyGuard&) = delete;
+  ~KeyGuard() {
+    if (keys) keys->Release(scope, key);
+  }
+  void Hold(IdempotencyKeys& k, const std::string& s, const std::string& name) {
+    keys = &k;
+    scope = s;
+    key = name;
+  }
+  IdempotencyKeys& Settle() {
+    IdempotencyKeys* k = keys;
+    keys = nullptr;
+    return *k;
+  }
+};
 
 // How an exec's answer goes out.
 enum class ExecFormat { kFrames, kNdjson, kJson };
@@ -295,7 +352,7 @@ Result<LauncherServer::Caller> LauncherServer::Authenticate(const Request& req) 
     return caller;
   }
   auto it = req.headers.find("authorization");
-  if (it == req.headers.end() || !it->second.starts_with("Bearer ")) {
+  if (it == req.headers.end() || it->second.size() < 7 || strncasecmp(it->second.c_str(), "bearer ", 7) != 0) {
     return Error(ENOKEY, "launcher: no token (send Authorization: Bearer <token>)");
   }
   caller.tenant = tenants_.Authenticate(std::string_view(it->second).substr(7));
@@ -326,10 +383,10 @@ Status LauncherServer::Admit(const Caller& caller) {
     const auto& limits = caller.tenant->limits;
     if (limits.max_sandboxes > 0 &&
         static_cast<int64_t>(manager_.CountOwned(caller.scope())) + creating_by_tenant_[caller.scope()] >= limits.max_sandboxes) {
-      return Error(EDQUOT, StrCat("tenant ", caller.scope(), " has its limit of ", limits.max_sandboxes, " sandboxes"));
+      return Error(EUSERS, StrCat("tenant ", caller.scope(), " has its limit of ", limits.max_sandboxes, " sandboxes"));
     }
     if (tenants_.TakeCreations(*caller.tenant, 1) < 1) {
-      return Error(EDQUOT, StrCat("tenant ", caller.scope(), ": more than ", limits.creates_per_second, " creations per second"));
+      return Error(EUSERS, StrCat("tenant ", caller.scope(), ": more than ", limits.creates_per_second, " creations per second"));
     }
     ++creating_by_tenant_[caller.scope()];
   }
@@ -404,6 +461,12 @@ Response LauncherServer::Route(const Request& req, const Caller& caller) {
 
   if (verb.empty() && req.method == "DELETE") return Destroy(req, id, caller);
   if (Status s = CheckOwner(id, caller); !s.ok()) return Fail(s);
+  manager_.Touch(id);  // every call on a sandbox renews its ttl
+  if (verb == "keepalive" && req.method == "POST") {
+    auto info = manager_.Info(id);
+    return info.ok() ? Json(*info) : Fail(info.status());
+  }
+  if (verb == "execs" || verb.starts_with("execs/")) return Execs(req, id, verb, body);
   if (verb.empty() && req.method == "GET") {
     auto info = manager_.Info(id);
     return info.ok() ? Json(*info) : Fail(info.status());
@@ -465,6 +528,7 @@ Response LauncherServer::Create(const Request& req, const json& body, const Call
   for (auto& id : ids) id = NewSandboxId();
   const auto key_header = req.headers.find("idempotency-key");
   const std::string key = key_header == req.headers.end() ? "" : key_header->second;
+  KeyGuard guard;
   if (!key.empty()) {
     if (Status s = IdempotencyKeys::CheckKey(key); !s.ok()) return Fail(s);
     auto claim = manager_.keys().Begin(caller.scope(), key, Fingerprint(req, body), {{"ids", ids}});
@@ -475,6 +539,7 @@ Response LauncherServer::Create(const Request& req, const json& body, const Call
       return r;
     }
     if (claim->kind == IdempotencyKeys::Claim::kDone) return Json(claim->answer.body, claim->answer.status);
+    guard.Hold(manager_.keys(), caller.scope(), key);
     if (claim->kind == IdempotencyKeys::Claim::kInterrupted) {
       // The same ids again: those the dead daemon made (and this one
       // re-adopted) are answered as they are, the others are made now.
@@ -545,8 +610,8 @@ Response LauncherServer::Create(const Request& req, const json& body, const Call
   }
   if (!key.empty()) {
     // Nothing made: a retry tries again. Otherwise the retry gets this.
-    if (created.empty()) manager_.keys().Release(caller.scope(), key);
-    else manager_.keys().Finish(caller.scope(), key, {r.status, json::parse(r.body)}).IgnoreError();
+    IdempotencyKeys& keys = guard.Settle();
+    if (created.empty() || !keys.Finish(caller.scope(), key, {r.status, json::parse(r.body)}).ok()) keys.Release(caller.scope(), key);
   }
   return r;
 }
@@ -556,6 +621,7 @@ Response LauncherServer::Create(const Request& req, const json& body, const Call
 Response LauncherServer::Exec(const Request& req, const std::string& id, const json& body, const Caller& caller) {
   auto exec = ParseExec(body);
   if (!exec.ok()) return Fail(exec.status());
+  if (body.value("detach", false)) return Detach(req, id, body, std::move(*exec), caller);
   ExecFormat format = ExecFormat::kJson;
   if (auto a = req.headers.find("accept"); a != req.headers.end() && a->second.find("application/x-ndjson") != std::string::npos) {
     format = ExecFormat::kNdjson;
@@ -623,8 +689,12 @@ Response LauncherServer::Exec(const Request& req, const std::string& id, const j
     if (!key.empty()) {
       // Only a command that ran to its end, for a client still there, is
       // an answer to keep; otherwise a retry runs it again.
-      if (result.ok() && !gone) manager_.keys().Finish(scope, key, {200, answer}).IgnoreError();
-      else manager_.keys().Release(scope, key);
+      json kept = answer;
+      if (out.size() + err.size() > kMaxKeptOutput) {
+        kept["stdout"] = kept["stderr"] = "";
+        kept["output_not_kept"] = true;
+      }
+      if (!result.ok() || gone || !manager_.keys().Finish(scope, key, {200, kept}).ok()) manager_.keys().Release(scope, key);
     }
     return std::make_pair(result.status(), answer);
   };
@@ -643,12 +713,130 @@ Response LauncherServer::Exec(const Request& req, const std::string& id, const j
   return r;
 }
 
+// --- detached execs ----------------------------------------------------------
+
+Response LauncherServer::Detach(const Request& req, const std::string& id, const json& body, ExecRequest exec,
+                                const Caller& caller) {
+  const auto key_header = req.headers.find("idempotency-key");
+  const std::string key = key_header == req.headers.end() ? "" : key_header->second;
+  std::string exec_id = "ex-" + NewSandboxId().substr(3);
+  KeyGuard guard;
+  if (!key.empty()) {
+    if (Status s = IdempotencyKeys::CheckKey(key); !s.ok()) return Fail(s);
+    auto claim = manager_.keys().Begin(caller.scope(), key, Fingerprint(req, body), {{"exec_id", exec_id}});
+    if (!claim.ok()) return Fail(claim.status());
+    if (claim->kind == IdempotencyKeys::Claim::kMismatch) {
+      Response r = Fail(Error(EINVAL, "Idempotency-Key " + Quote(key) + " was used for a different request"));
+      r.status = 422;
+      return r;
+    }
+    if (claim->kind == IdempotencyKeys::Claim::kDone) return Json(claim->answer.body, claim->answer.status);
+    guard.Hold(manager_.keys(), caller.scope(), key);
+    if (claim->kind == IdempotencyKeys::Claim::kInterrupted) {
+      // The dead daemon may have started it: the agent still has it then.
+      exec_id = claim->note.value("exec_id", exec_id);
+      if (auto status = manager_.ExecStatus(id, exec_id, Duration{0}); status.ok()) {
+        json answer = {{"exec_id", exec_id}, {"sandbox", id}, {"state", (*status)["state"]}};
+        guard.Settle().Finish(caller.scope(), key, {201, answer}).IgnoreError();
+        return Json(answer, 201);
+      }
+    }
+  }
+  auto started = manager_.StartDetached(id, std::move(exec), exec_id);
+  if (!key.empty()) {
+    IdempotencyKeys& keys = guard.Settle();
+    json answer = started.ok() ? json{{"exec_id", *started}, {"sandbox", id}, {"state", "running"}} : json();
+    if (!started.ok() || !keys.Finish(caller.scope(), key, {201, answer}).ok()) keys.Release(caller.scope(), key);
+  }
+  if (!started.ok()) return Fail(started.status());
+  return Json({{"exec_id", *started}, {"sandbox", id}, {"state", "running"}}, 201);
+}
+
+Response LauncherServer::Execs(const Request& req, const std::string& id, const std::string& verb, const json& body) {
+  if (verb == "execs") {
+    if (req.method != "GET") return Fail(Error(ENOENT, "no API " + req.method + " " + req.path));
+    auto list = manager_.ListExecs(id);
+    return list.ok() ? Json((*list)["execs"]) : Fail(list.status());
+  }
+  std::string rest = verb.substr(6);  // after "execs/"
+  const std::string eid = rest.substr(0, rest.find('/'));
+  const std::string what = rest.size() > eid.size() ? rest.substr(eid.size() + 1) : "";
+  auto query = [&](const char* name) -> std::optional<std::string> {
+    auto it = req.query.find(name);
+    if (it == req.query.end()) return std::nullopt;
+    return it->second;
+  };
+  auto number = [&](const char* name, uint64_t fallback) -> Result<uint64_t> {
+    auto v = query(name);
+    if (!v) return fallback;
+    char* end = nullptr;
+    uint64_t n = std::strtoull(v->c_str(), &end, 10);
+    if (v->empty() || *end) return Error(EINVAL, StrCat(name, " must be a whole number"));
+    return n;
+  };
+  if (what.empty() && req.method == "GET") {
+    auto status = manager_.ExecStatus(id, eid, Duration{0});
+    return status.ok() ? Json(*status) : Fail(status.status());
+  }
+  if (what == "wait" && req.method == "POST") {
+    double seconds = 30;
+    if (auto t = query("timeout")) {
+      char* end = nullptr;
+      seconds = std::strtod(t->c_str(), &end);
+      if (t->empty() || *end || seconds < 0 || seconds > 3600) return Fail(Error(EINVAL, "wait: timeout is 0-3600 seconds"));
+    }
+    auto status = manager_.ExecStatus(id, eid, std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000)));
+    manager_.Touch(id);
+    return status.ok() ? Json(*status) : Fail(status.status());
+  }
+  if (what == "signal" && req.method == "POST") {
+    auto sig = ParseSignal(body.value("signal", json("TERM")));
+    if (!sig.ok()) return Fail(sig.status());
+    Status s = manager_.SignalExec(id, eid, *sig);
+    return s.ok() ? Json(json::object()) : Fail(s);
+  }
+  if (what == "output" && req.method == "GET") {
+    auto offset = number("offset", 0);
+    if (!offset.ok()) return Fail(offset.status());
+    auto out_off = number("stdout_offset", *offset), err_off = number("stderr_offset", *offset);
+    if (!out_off.ok()) return Fail(out_off.status());
+    if (!err_off.ok()) return Fail(err_off.status());
+    const bool follow = query("follow").value_or("true") != "false";
+    // Refused before the stream starts when there is no such command.
+    if (auto status = manager_.ExecStatus(id, eid, Duration{0}); !status.ok()) return Fail(status.status());
+    ExecFormat format = ExecFormat::kFrames;
+    if (auto a = req.headers.find("accept"); a != req.headers.end() && a->second.find("application/x-ndjson") != std::string::npos) {
+      format = ExecFormat::kNdjson;
+    }
+    auto watch = std::make_shared<UniqueFd>(req.connection_fd >= 0 ? ::fcntl(req.connection_fd, F_DUPFD_CLOEXEC, 0) : -1);
+    Response r;
+    r.content_type = ContentType(format);
+    r.stream = [this, id, eid, format, watch, o = *out_off, e = *err_off, follow](const HttpServer::StreamWriter& write) {
+      auto ended = manager_.Attach(id, eid, o, e, follow, [&](int stream, std::string_view b) { write(EncodePiece(format, stream, b)); },
+                                   watch->get());
+      manager_.Touch(id);
+      if (!ended.ok()) {
+        if (ended.status().code() != ECANCELED) write(EncodeEnd(format, ErrorJson(ended.status())));
+        return;
+      }
+      if (*ended) {
+        write(EncodeEnd(format, ExecResultJson(**ended)));
+      } else if (format == ExecFormat::kNdjson) {
+        write(Dump({{"state", "running"}}) + "\n");
+      }
+    };
+    return r;
+  }
+  return Fail(Error(ENOENT, "no API " + req.method + " " + req.path));
+}
+
 // --- destroy and snapshot ----------------------------------------------------
 
 Response LauncherServer::Destroy(const Request& req, const std::string& id, const Caller& caller) {
   const auto key_header = req.headers.find("idempotency-key");
   const std::string key = key_header == req.headers.end() ? "" : key_header->second;
   bool interrupted = false;
+  KeyGuard guard;
   if (!key.empty()) {
     if (Status s = IdempotencyKeys::CheckKey(key); !s.ok()) return Fail(s);
     auto claim = manager_.keys().Begin(caller.scope(), key, Fingerprint(req, json::object()), json::object());
@@ -660,13 +848,14 @@ Response LauncherServer::Destroy(const Request& req, const std::string& id, cons
     }
     if (claim->kind == IdempotencyKeys::Claim::kDone) return Json(claim->answer.body, claim->answer.status);
     interrupted = claim->kind == IdempotencyKeys::Claim::kInterrupted;
+    guard.Hold(manager_.keys(), caller.scope(), key);
   }
   Status s = CheckOwner(id, caller);
   if (s.code() == ENOENT && interrupted) s = OkStatus();  // the dead daemon's destroy finished, or recovery did
   else if (s.ok()) s = manager_.Destroy(id);
   if (!key.empty()) {
-    if (s.ok()) manager_.keys().Finish(caller.scope(), key, {200, json::object()}).IgnoreError();
-    else manager_.keys().Release(caller.scope(), key);
+    IdempotencyKeys& keys = guard.Settle();
+    if (!s.ok() || !keys.Finish(caller.scope(), key, {200, json::object()}).ok()) keys.Release(caller.scope(), key);
   }
   return s.ok() ? Json(json::object()) : Fail(s);
 }
@@ -679,8 +868,13 @@ Response LauncherServer::Snapshot(const Request& req, const std::string& id, con
     return Fail(Error(EINVAL, StrCat("snapshot: exclude: ", e.what())));
   }
   if (!body.contains("tag") || !body["tag"].is_string()) return Fail(Error(EINVAL, "snapshot: tag (NAME:VERSION) is required"));
+  // A tenant publishes only under names its layer patterns allow.
+  if (caller.tenant && !LayerAllowed(caller.tenant->limits, body["tag"].get<std::string>())) {
+    return Fail(Error(EPERM, StrCat("snapshot: tenant ", caller.scope(), " may not publish ", Quote(body["tag"].get<std::string>()))));
+  }
   const auto key_header = req.headers.find("idempotency-key");
   const std::string key = key_header == req.headers.end() ? "" : key_header->second;
+  KeyGuard guard;
   if (!key.empty()) {
     if (Status s = IdempotencyKeys::CheckKey(key); !s.ok()) return Fail(s);
     auto claim = manager_.keys().Begin(caller.scope(), key, Fingerprint(req, body), json::object());
@@ -691,11 +885,12 @@ Response LauncherServer::Snapshot(const Request& req, const std::string& id, con
       return r;
     }
     if (claim->kind == IdempotencyKeys::Claim::kDone) return Json(claim->answer.body, claim->answer.status);
+    guard.Hold(manager_.keys(), caller.scope(), key);
   }
   auto r = manager_.Snapshot(id, body["tag"].get<std::string>(), std::move(excludes));
   if (!key.empty()) {
-    if (r.ok()) manager_.keys().Finish(caller.scope(), key, {201, *r}).IgnoreError();
-    else manager_.keys().Release(caller.scope(), key);
+    IdempotencyKeys& keys = guard.Settle();
+    if (!r.ok() || !keys.Finish(caller.scope(), key, {201, *r}).ok()) keys.Release(caller.scope(), key);
   }
   return r.ok() ? Json(*r, 201) : Fail(r.status());
 }

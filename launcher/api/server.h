@@ -78,6 +78,10 @@ class LauncherServer {
   HttpServer::Response Create(const HttpServer::Request& request, const nlohmann::json& body, const Caller& caller);
   HttpServer::Response Exec(const HttpServer::Request& request, const std::string& id, const nlohmann::json& body,
                             const Caller& caller);
+  HttpServer::Response Detach(const HttpServer::Request& request, const std::string& id, const nlohmann::json& body,
+                              ExecRequest exec, const Caller& caller);
+  HttpServer::Response Execs(const HttpServer::Request& request, const std::string& id, const std::string& verb,
+                             const nlohmann::json& body);
   HttpServer::Response Destroy(const HttpServer::Request& request, const std::string& id, const Caller& caller);
   HttpServer::Response Snapshot(const HttpServer::Request& request, const std::string& id, const nlohmann::json& body,
                                 const Caller& caller);

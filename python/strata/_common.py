@@ -1,0 +1,264 @@
+"""What the sync and async clients share: configuration, requests as data,
+answers to results or typed errors, the retry policy."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import random
+import shlex
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+
+import httpx
+
+from .errors import ConnectionFailed, NodeBusy, RateLimited, RequestTimeout, SandboxError, error_for
+
+DEFAULT_URL = "unix:///run/strata/launcher.sock"
+# Connection errors and these statuses are retried (with the same
+# idempotency key), with jittered exponential backoff, until the deadline.
+RETRY_STATUSES = (429, 503)
+
+
+@dataclass
+class ExecResult:
+    """How a command ended, with its output (up to its output cap)."""
+
+    exit_code: int
+    stdout: bytes = b""
+    stderr: bytes = b""
+    signal: int = 0
+    timed_out: bool = False
+    oom_killed: bool = False
+    stdout_truncated: bool = False
+    stderr_truncated: bool = False
+    duration: float = 0.0  # seconds
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and not self.timed_out and not self.signal
+
+    @classmethod
+    def from_report(cls, report: Mapping[str, Any], stdout: bytes = b"", stderr: bytes = b"") -> "ExecResult":
+        return cls(
+            exit_code=int(report.get("exit_code", -1)),
+            stdout=stdout,
+            stderr=stderr,
+            signal=int(report.get("signal", 0)),
+            timed_out=bool(report.get("timed_out", False)),
+            oom_killed=bool(report.get("oom_killed", False)),
+            stdout_truncated=bool(report.get("stdout_truncated", False)),
+            stderr_truncated=bool(report.get("stderr_truncated", False)),
+            duration=float(report.get("duration_ms", 0)) / 1000.0,
+        )
+
+
+@dataclass
+class Endpoint:
+    """One daemon or gateway: how httpx reaches it."""
+
+    base_url: str
+    uds: Optional[str] = None
+
+
+def endpoints(url: Union[str, Sequence[str], None]) -> List[Endpoint]:
+    if url is None:
+        url = os.environ.get("STRATA_URL") or DEFAULT_URL
+    urls = [u.strip() for u in url.split(",")] if isinstance(url, str) else list(url)
+    out = []
+    for u in urls:
+        if u.startswith("unix://"):
+            out.append(Endpoint("http://launcher", u[len("unix://"):]))
+        elif u.startswith("http://") or u.startswith("https://"):
+            out.append(Endpoint(u.rstrip("/")))
+        else:
+            raise ValueError(f"strata: URL {u!r} is neither http(s)://HOST:PORT nor unix:///PATH")
+    if not out:
+        raise ValueError("strata: no URL given")
+    return out
+
+
+def default_token(token: Optional[str]) -> Optional[str]:
+    return token if token is not None else os.environ.get("STRATA_TOKEN") or None
+
+
+def default_verify(verify: Union[bool, str, None]) -> Union[bool, str]:
+    if verify is None:
+        return os.environ.get("STRATA_CA") or True
+    return verify
+
+
+def limits() -> httpx.Limits:
+    # Hundreds of episodes at once, each with a call in flight.
+    return httpx.Limits(max_connections=1024, max_keepalive_connections=512, keepalive_expiry=30)
+
+
+def headers(token: Optional[str]) -> Dict[str, str]:
+    h = {"User-Agent": "strata-python/0.1"}
+    if token:
+        h["Authorization"] = f"Bearer {token}"
+    return h
+
+
+def new_key() -> str:
+    return uuid.uuid4().hex
+
+
+def argv_of(cmd: Union[str, Sequence[str]]) -> List[str]:
+    """A string runs under /bin/sh -c; a list is the argv itself."""
+    if isinstance(cmd, str):
+        return ["/bin/sh", "-c", cmd]
+    argv = [str(a) for a in cmd]
+    if not argv:
+        raise ValueError("strata: empty command")
+    return argv
+
+
+def create_body(layers: Sequence[str], backend: str, cpus: Optional[float], memory: Union[str, int, None],
+                pids: Optional[int], disk: Union[str, int, None], network: Optional[str],
+                env: Union[Mapping[str, str], Sequence[str], None], workdir: Optional[str], store: Optional[str],
+                ttl: Optional[float], count: Optional[int]) -> Dict[str, Any]:
+    if isinstance(layers, str):
+        layers = [layers]
+    body: Dict[str, Any] = {"layers": list(layers), "backend": backend}
+    for k, v in (("cpus", cpus), ("memory", memory), ("pids", pids), ("disk", disk), ("network", network),
+                 ("workdir", workdir), ("store", store), ("ttl", ttl), ("count", count)):
+        if v is not None:
+            body[k] = v
+    if env:
+        body["env"] = env_list(env)
+    return body
+
+
+def env_list(env: Union[Mapping[str, str], Sequence[str], None]) -> List[str]:
+    if not env:
+        return []
+    if isinstance(env, Mapping):
+        return [f"{k}={v}" for k, v in env.items()]
+    return list(env)
+
+
+def exec_body(cmd, timeout, env, cwd, stdin, output_cap, detach, kill_leftovers) -> Dict[str, Any]:
+    body: Dict[str, Any] = {"argv": argv_of(cmd)}
+    if timeout is not None:
+        body["timeout"] = float(timeout)
+    if env:
+        body["env"] = env_list(env)
+    if cwd is not None:
+        body["cwd"] = cwd
+    if stdin is not None:
+        if isinstance(stdin, str):
+            stdin = stdin.encode()
+        body["stdin"] = base64.b64encode(stdin).decode()
+    if output_cap is not None:
+        body["output_cap"] = int(output_cap)
+    if detach:
+        body["detach"] = True
+    if kill_leftovers:
+        body["kill_leftovers"] = True
+    return body
+
+
+def raise_for(response_status: int, body: bytes) -> None:
+    if 200 <= response_status < 300:
+        return
+    message, errno = f"HTTP {response_status}", None
+    try:
+        j = json.loads(body or b"{}")
+        message = j.get("error", message)
+        errno = j.get("errno")
+    except (ValueError, AttributeError):
+        if body:
+            message = f"HTTP {response_status}: {body[:200]!r}"
+    raise error_for(response_status, message, errno)
+
+
+def result_of_json(j: Mapping[str, Any]) -> ExecResult:
+    return ExecResult.from_report(j, base64.b64decode(j.get("stdout", "")), base64.b64decode(j.get("stderr", "")))
+
+
+class NdjsonCollector:
+    """Reads an NDJSON exec stream: output to the callbacks and buffers, then the exit."""
+
+    def __init__(self, on_stdout=None, on_stderr=None, keep=True):
+        self.on = {"stdout": on_stdout, "stderr": on_stderr}
+        self.keep = keep
+        self.out = {"stdout": bytearray(), "stderr": bytearray()}
+        self.exit: Optional[Dict[str, Any]] = None
+        self.error: Optional[SandboxError] = None
+        self.running = False
+        self.offsets = {"stdout": 0, "stderr": 0}
+        self._partial = b""
+
+    def feed(self, chunk: bytes) -> None:
+        data = self._partial + chunk
+        lines = data.split(b"\n")
+        self._partial = lines.pop()
+        for line in lines:
+            if line.strip():
+                self.line(json.loads(line))
+
+    def line(self, j: Mapping[str, Any]) -> None:
+        for stream in ("stdout", "stderr"):
+            if stream in j:
+                b = base64.b64decode(j[stream])
+                self.offsets[stream] += len(b)
+                if self.keep:
+                    self.out[stream] += b
+                if self.on[stream]:
+                    self.on[stream](b)
+        if "exit" in j:
+            self.exit = j["exit"]
+        if "error" in j:
+            self.error = error_for(500, j["error"], j.get("errno"))
+        if j.get("state") == "running":
+            self.running = True
+
+    def result(self) -> ExecResult:
+        if self.error:
+            raise self.error
+        if self.exit is None:
+            raise SandboxError("strata: the exec's answer ended without an exit report")
+        return ExecResult.from_report(self.exit, bytes(self.out["stdout"]), bytes(self.out["stderr"]))
+
+
+class Backoff:
+    """Full-jitter exponential backoff within a deadline."""
+
+    def __init__(self, deadline: float, initial: float = 0.1, cap: float = 5.0):
+        self.deadline = time.monotonic() + deadline
+        self.initial, self.cap, self.attempt = initial, cap, 0
+
+    def delay(self, retry_after: Optional[str]) -> Optional[float]:
+        """Seconds to wait before the next attempt, or None when the deadline leaves no room."""
+        self.attempt += 1
+        d = random.uniform(0, min(self.cap, self.initial * (2 ** (self.attempt - 1))))
+        if retry_after:
+            try:
+                d = max(d, float(retry_after))
+            except ValueError:
+                pass
+        if time.monotonic() + d >= self.deadline:
+            return None
+        return d
+
+    def left(self) -> float:
+        return self.deadline - time.monotonic()
+
+
+def give_up(last: Optional[BaseException], status: Optional[int], body: bytes) -> SandboxError:
+    if status in RETRY_STATUSES:
+        try:
+            raise_for(status, body)
+        except (RateLimited, NodeBusy) as e:
+            return e
+    if last is not None:
+        return ConnectionFailed(f"strata: no daemon answered: {last}")
+    return RequestTimeout("strata: the call's deadline passed")
+
+
+RETRYABLE_ERRORS = (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError, httpx.ReadError,
+                    httpx.WriteError, httpx.PoolTimeout)

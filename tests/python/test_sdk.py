@@ -1,0 +1,205 @@
+"""The SDK against a real daemon, on TLS with a tenant's token and on the
+unix socket as root: every call sync and async, detached commands across
+dropped clients and daemon restarts, retries across a daemon crash, ttl."""
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+import strata
+
+
+def test_every_call_sync(node, target):
+    with strata.Client(**target) as client:
+        assert client.health()["ok"]
+        with client.create(layers=["busybox:1"], memory="64M", env={"GREETING": "hi"}, workdir="/tmp", ttl=600) as sb:
+            assert sb.id.startswith("sb-")
+            assert sb.id in [s.id for s in client.list()]
+            assert client.get(sb.id).info["layers"][0]["name"] == "busybox"
+            # A string runs under sh -c; a list is the argv.
+            r = sb.exec("echo $GREETING from $(pwd); echo oops >&2; exit 3")
+            assert (r.exit_code, r.stdout, r.stderr) == (3, b"hi from /tmp\n", b"oops\n")
+            assert not r.ok
+            assert sb.exec(["cat"], stdin=b"\x00\xffbytes").stdout == b"\x00\xffbytes"
+            assert sb.exec(["pwd"], cwd="/etc").stdout == b"/etc\n"
+            assert sb.exec(["sh", "-c", "echo $X"], env={"X": "y"}).stdout == b"y\n"
+            slow = sb.exec("sleep 30", timeout=1)
+            assert slow.timed_out
+            big = sb.exec("head -c 100000 /dev/zero", output_cap=1000)
+            assert len(big.stdout) == 1000 and big.stdout_truncated
+            seen = []
+            r = sb.exec("echo a; sleep 0.5; echo b", on_stdout=seen.append)
+            assert b"".join(seen) == b"a\nb\n" and r.stdout == b"a\nb\n"
+            # Files.
+            sb.write_file("/root/note", b"kept", mode=0o600)
+            assert sb.read_file("/root/note") == b"kept"
+            assert sb.exec("stat -c %a /root/note").stdout == b"600\n"
+            with pytest.raises(strata.SandboxError):
+                sb.read_file("/no/such/file")
+            # Pause: an exec is a conflict until resumed.
+            sb.pause()
+            with pytest.raises(strata.Conflict):
+                sb.exec("true")
+            sb.resume()
+            assert sb.exec("cat /root/note").stdout == b"kept"
+            # Lifetime.
+            info = sb.keepalive()
+            assert info["ttl"] == 600 and 590 < info["expires_in"] <= 600
+            # A snapshot starts new sandboxes where this one left off.
+            digest = sb.snapshot(f"pytest-snap-{int(time.time() * 1000)}:1" if target["token"] is None else "trainer-snap:1")
+            assert len(digest) == 32
+            # Detached.
+            p = sb.exec("echo started; sleep 1; echo done; exit 5", detach=True)
+            assert isinstance(p, strata.Process)
+            assert p.status()["state"] in ("running", "exited")
+            r = p.wait(timeout=30)
+            assert (r.exit_code, r.stdout) == (5, b"started\ndone\n")
+            assert [e["id"] for e in sb.execs()] == [p.id]
+            q = sb.exec("sleep 60", detach=True)
+            q.kill()
+            assert q.wait(timeout=10).signal == 9
+        with pytest.raises(strata.NotFound):
+            client.get(sb.id)
+        # Bulk.
+        many = client.create(layers=["busybox:1"], count=3)
+        assert len(many) == 3 and len({s.id for s in many}) == 3
+        for s in many:
+            s.destroy()
+
+
+def test_every_call_async(node, target):
+    async def main():
+        async with strata.AsyncClient(**target) as client:
+            assert (await client.health())["ok"]
+            async with await client.create(layers=["busybox:1"], env={"A": "1"}) as sb:
+                assert sb.id in [s.id for s in await client.list()]
+                assert (await client.get(sb.id)).id == sb.id
+                r = await sb.exec("echo $A; exit 2")
+                assert (r.exit_code, r.stdout) == (2, b"1\n")
+                assert (await sb.exec(["cat"], stdin=b"in")).stdout == b"in"
+                assert (await sb.exec("sleep 30", timeout=1)).timed_out
+                got = []
+                await sb.exec("echo x >&2", on_stderr=got.append)
+                assert got == [b"x\n"]
+                await sb.write_file("/root/f", "text")
+                assert await sb.read_file("/root/f") == b"text"
+                await sb.pause()
+                with pytest.raises(strata.Conflict):
+                    await sb.exec("true")
+                await sb.resume()
+                await sb.keepalive()
+                p = await sb.exec("for i in 1 2 3; do echo $i; sleep 0.2; done", detach=True)
+                pieces = [data async for stream, data in p.output()]
+                assert b"".join(pieces) == b"1\n2\n3\n"
+                r = await p.wait(timeout=10)
+                assert r.stdout == b"1\n2\n3\n" and r.exit_code == 0
+                assert (await client.attach(sb.id, p.id).status())["state"] == "exited"
+                # Many calls at once share the pool.
+                results = await asyncio.gather(*[sb.exec(["echo", str(i)]) for i in range(32)])
+                assert [r.stdout for r in results] == [f"{i}\n".encode() for i in range(32)]
+            with pytest.raises(strata.NotFound):
+                await client.get(sb.id)
+
+    asyncio.run(main())
+
+
+def test_errors_are_typed(node):
+    with strata.Client(node.https, token="st_" + "0" * 64, verify=node.cert) as bad:
+        with pytest.raises(strata.Unauthorized):
+            bad.list()
+    with strata.Client(node.https, token=node.tenant, verify=node.cert) as mine, \
+            strata.Client(node.https, token=node.other, verify=node.cert) as theirs:
+        with mine.create(layers=["busybox:1"]) as sb:
+            with pytest.raises(strata.NotFound):
+                theirs.get(sb.id)
+            with pytest.raises(strata.NotFound):
+                theirs.attach(sb.id, "ex-1").status()
+        with pytest.raises(strata.Forbidden):
+            mine.create(layers=["busybox:1"], network="host")
+        with pytest.raises(strata.Forbidden):
+            mine.create(layers=["busybox:1"], store="file:///etc")
+    # Nobody answering: a clear error once the deadline passes.
+    with strata.Client("http://127.0.0.1:9", retry_deadline=1) as nobody:
+        with pytest.raises(strata.ConnectionFailed):
+            nobody.list()
+    # The untrusted certificate is refused.
+    with strata.Client(node.https, token=node.tenant, retry_deadline=1) as untrusted:
+        with pytest.raises(Exception):
+            untrusted.list()
+
+
+def test_a_detached_command_outlives_its_client_and_a_daemon_crash(node):
+    """A 20 s command: its first client goes away, the daemon is killed and
+    restarted, a second client attaches at an offset and waits: the output
+    is complete and in order."""
+    url = dict(url=node.https, token=node.tenant, verify=node.cert)
+    first = strata.Client(**url)
+    sb = first.create(layers=["busybox:1"])
+    p = sb.exec("i=0; while [ $i -lt 20 ]; do echo line $i; i=$((i+1)); sleep 1; done; echo end >&2", detach=True)
+    seen = b""
+    for stream, data in p.output():
+        seen += data
+        if seen.count(b"\n") >= 3:
+            break
+    first.close()  # the client goes away mid-stream
+    time.sleep(1)
+    node.restart()  # kill -9 and start again
+    with strata.Client(**url) as second:
+        again = second.attach(sb.id, p.id)
+        assert again.status()["state"] == "running"
+        rest = b"".join(data for stream, data in again.output(stdout_offset=len(seen), stderr_offset=0) if stream == "stdout")
+        assert seen + rest == b"".join(f"line {i}\n".encode() for i in range(20))
+        result = again.wait(timeout=60)
+        assert result.exit_code == 0
+        assert result.stdout == seen + rest and result.stderr == b"end\n"
+        second.get(sb.id).destroy()
+
+
+def test_retries_across_a_daemon_crash_make_nothing_twice(node):
+    """Creates and execs in a loop while the daemon is killed and restarted:
+    every call succeeded once or raised, and the node holds exactly the
+    sandboxes the loop was told of."""
+    made, errors = [], []
+    stop = threading.Event()
+
+    def loop():
+        with strata.Client(node.https, token=node.tenant, verify=node.cert, retry_deadline=60) as client:
+            while not stop.is_set():
+                try:
+                    sb = client.create(layers=["busybox:1"])
+                    made.append(sb)
+                    assert sb.exec(["echo", sb.id]).stdout == sb.id.encode() + b"\n"
+                except strata.SandboxError as e:
+                    errors.append(e)
+
+    before = {s["id"] for s in node.sandboxes()}
+    t = threading.Thread(target=loop)
+    t.start()
+    time.sleep(2)
+    node.restart()
+    time.sleep(2)
+    stop.set()
+    t.join(timeout=120)
+    assert not t.is_alive()
+    on_node = {s["id"] for s in node.sandboxes()} - before
+    assert on_node == {s.id for s in made}, (on_node, [s.id for s in made], errors)
+    assert len(made) >= 2
+    with strata.Client(node.https, token=node.tenant, verify=node.cert) as client:
+        for sb in made:
+            client.get(sb.id).destroy()
+
+
+def test_a_ttl_destroys_a_forgotten_sandbox(node):
+    with strata.Client("unix://" + node.socket) as client:
+        sb = client.create(layers=["busybox:1"], ttl=1)
+        kept = client.create(layers=["busybox:1"], ttl=600)
+        # (A describe is a call that renews the ttl; the list is not.)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and sb.id in [s.id for s in client.list()]:
+            time.sleep(0.5)
+        with pytest.raises(strata.NotFound):
+            client.get(sb.id)
+        assert client.get(kept.id).info["expires_in"] > 500
+        kept.destroy()
