@@ -180,6 +180,65 @@ Status AgentClient::PutStream::Finish() {
   return OkStatus();
 }
 
+Result<std::unique_ptr<AgentClient::TreeStream>> AgentClient::BeginPutTree(const std::string& path) {
+  STRATA_ASSIGN_OR_RETURN(int raw, Connect());
+  auto stream = std::make_unique<TreeStream>();
+  stream->fd_.reset(raw);
+  stream->path_ = path;
+  STRATA_RETURN_IF_ERROR(WriteFrame(stream->fd_.get(), Frame::kPutTree, json{{"path", path}}.dump()));
+  return stream;
+}
+
+Status AgentClient::TreeStream::Entry(const json& entry) {
+  return WriteFrame(fd_.get(), Frame::kTreeEntry, entry.dump(-1, ' ', false, json::error_handler_t::replace))
+      .Annotate("put tree " + path_ + ": the agent went away");
+}
+
+Status AgentClient::TreeStream::Data(std::string_view data) {
+  for (size_t off = 0; off < data.size(); off += kMaxFrame) {
+    STRATA_RETURN_IF_ERROR(WriteFrame(fd_.get(), Frame::kData, data.substr(off, kMaxFrame)).Annotate("put tree " + path_));
+  }
+  return OkStatus();
+}
+
+Status AgentClient::TreeStream::EndFile() { return WriteFrame(fd_.get(), Frame::kDataEnd, "").Annotate("put tree " + path_); }
+
+Result<json> AgentClient::TreeStream::Finish() {
+  STRATA_RETURN_IF_ERROR(WriteFrame(fd_.get(), Frame::kTreeEnd, "").Annotate("put tree " + path_));
+  Frame type;
+  std::string payload;
+  STRATA_RETURN_IF_ERROR(ReadFrame(fd_.get(), &type, &payload).Annotate("put tree " + path_ + ": no answer from the agent"));
+  if (type == Frame::kError) return ParseErrorFrame(payload);
+  json j = json::parse(payload, nullptr, false);
+  return j.is_object() ? j : json::object();
+}
+
+Status AgentClient::GetTree(const std::string& path, const std::function<Status(const json&)>& on_entry,
+                            const std::function<Status(std::string_view)>& on_data) {
+  STRATA_ASSIGN_OR_RETURN(int raw, Connect());
+  UniqueFd fd(raw);
+  STRATA_RETURN_IF_ERROR(WriteFrame(fd.get(), Frame::kGetTree, json{{"path", path}}.dump()));
+  while (true) {
+    Frame type;
+    std::string payload;
+    STRATA_RETURN_IF_ERROR(ReadFrame(fd.get(), &type, &payload).Annotate("get tree " + path + ": the agent went away"));
+    switch (type) {
+      case Frame::kOk: break;
+      case Frame::kError: return ParseErrorFrame(payload);
+      case Frame::kTreeEnd: return OkStatus();
+      case Frame::kTreeEntry: {
+        json entry = json::parse(payload, nullptr, false);
+        if (!entry.is_object()) return Error(EPROTO, "get tree: malformed entry");
+        STRATA_RETURN_IF_ERROR(on_entry(entry));
+        break;
+      }
+      case Frame::kData: STRATA_RETURN_IF_ERROR(on_data(payload)); break;
+      case Frame::kDataEnd: break;
+      default: return Error(EPROTO, StrCat("agent: unexpected frame ", static_cast<int>(type), " in a tree"));
+    }
+  }
+}
+
 Status AgentClient::Put(const std::string& path, std::string_view data, uint32_t mode,
                         std::optional<std::pair<uint32_t, uint32_t>> owner) {
   STRATA_ASSIGN_OR_RETURN(auto stream, BeginPut(path, mode, owner));

@@ -86,6 +86,32 @@ class AgentClient {
   };
   Result<std::unique_ptr<PutStream>> BeginPut(const std::string& path, uint32_t mode,
                                               std::optional<std::pair<uint32_t, uint32_t>> owner);
+
+  // A directory tree sent entry by entry: Entry() with the entry's
+  // {"name", "type", "mode", "target"?}, then for a file its bytes in
+  // Data() and EndFile(); Finish() for the agent's answer (entries
+  // written). The agent resolves every name below `path` without following
+  // a link; the entries before an error stay written.
+  class TreeStream {
+   public:
+    Status Entry(const nlohmann::json& entry);
+    Status Data(std::string_view bytes);
+    Status EndFile();
+    Result<nlohmann::json> Finish();
+    void Keep(std::shared_ptr<void> owner) { keep_ = std::move(owner); }
+
+   private:
+    friend class AgentClient;
+    UniqueFd fd_;
+    std::string path_;
+    std::shared_ptr<void> keep_;
+  };
+  Result<std::unique_ptr<TreeStream>> BeginPutTree(const std::string& path);
+  // The tree below `path`, never following a link: `on_entry` for each
+  // entry (as above, plus "size" of a file), `on_data` with a file's bytes
+  // after its entry. A callback's error ends the transfer.
+  Status GetTree(const std::string& path, const std::function<Status(const nlohmann::json&)>& on_entry,
+                 const std::function<Status(std::string_view)>& on_data);
   Result<std::string> Get(const std::string& path);
   Result<nlohmann::json> Ping();
 

@@ -548,6 +548,13 @@ Status SandboxManager::Put(const std::string& id, const std::string& path, std::
   return sb->agent().Put(path, data, mode, std::nullopt);
 }
 
+Result<AgentClient> SandboxManager::AgentOf(const std::string& id, const char* what) {
+  STRATA_ASSIGN_OR_RETURN(auto entry, Find(id));
+  std::lock_guard lock(entry->mu);
+  STRATA_ASSIGN_OR_RETURN(auto sb, Container(*entry, what));
+  return sb->agent();
+}
+
 Result<std::unique_ptr<AgentClient::PutStream>> SandboxManager::BeginPut(const std::string& id, const std::string& path,
                                                                          uint32_t mode) {
   STRATA_ASSIGN_OR_RETURN(auto entry, Find(id));

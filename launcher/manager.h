@@ -53,6 +53,8 @@ class SandboxManager {
   // A call on the sandbox: its ttl counts from now.
   void Touch(const std::string& id);
   Status Put(const std::string& id, const std::string& path, std::string_view data, uint32_t mode);
+  // The agent of a container sandbox (for transfers the API layer drives).
+  Result<AgentClient> AgentOf(const std::string& id, const char* what);
   // Starts a file upload streamed to the sandbox piece by piece.
   Result<std::unique_ptr<AgentClient::PutStream>> BeginPut(const std::string& id, const std::string& path, uint32_t mode);
   Result<std::string> Get(const std::string& id, const std::string& path);

@@ -66,6 +66,8 @@ class Agent {
   Status SignalExec(int conn, const nlohmann::json& request);
   Status Put(int conn, const nlohmann::json& request);
   Status Get(int conn, const nlohmann::json& request);
+  Status PutTree(int conn, const nlohmann::json& request);
+  Status GetTree(int conn, const nlohmann::json& request);
   // Waits for child `pid` (registered before it could exit) to be reaped.
   int WaitChild(pid_t pid);
   // The seccomp program each function call loads (read once); null when

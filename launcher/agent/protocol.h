@@ -17,8 +17,8 @@
 namespace strata::launcher {
 
 // The version a ping reports. 2 added detached commands (kExec with
-// "detach", kAttach, kExecStatus, kListExecs, kSignalExec) and
-// "kill_leftovers".
+// "detach", kAttach, kExecStatus, kListExecs, kSignalExec),
+// "kill_leftovers", and directory trees (kPutTree, kGetTree).
 inline constexpr int kAgentProtocolVersion = 2;
 
 enum class Frame : uint8_t {
@@ -40,6 +40,13 @@ enum class Frame : uint8_t {
   kExecStatus = 10,  // {"exec_id", "wait_ms": N} -> kOk {"id", "state", "exit"?, ...}
   kListExecs = 11,   // {} -> kOk {"execs": [...]}
   kSignalExec = 12,  // {"exec_id", "signal": 15} -> kOk {}
+  kPutTree = 13,  // {"path": "/dir"}, then per entry kTreeEntry (+ kData... kDataEnd for a
+                  // file), then kTreeEnd -> kOk {"entries": N}
+  kGetTree = 14,  // {"path": "/dir"} -> kOk {}, per entry kTreeEntry (+ kData... kDataEnd
+                  // for a file), then kTreeEnd; or kError
+  kTreeEntry = 15,  // {"name": "a/b", "type": "file"|"dir"|"symlink"|"hardlink",
+                    //  "mode": 420, "size": N, "target": "..."} (both ways)
+  kTreeEnd = 16,
   // agent -> launcher
   kStdout = 16,   // bytes the command wrote, up to the cap
   kStderr = 17,

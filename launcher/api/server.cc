@@ -23,6 +23,7 @@
 #include "common/unique_fd.h"
 #include "common/units.h"
 #include "launcher/agent/protocol.h"
+#include "launcher/api/tar_bridge.h"
 
 namespace strata::launcher {
 
@@ -477,6 +478,19 @@ Response LauncherServer::Route(const Request& req, const Caller& caller) {
     auto path = req.query.find("path");
     Status ok = CheckSandboxPath(path == req.query.end() ? "" : path->second);
     if (!ok.ok()) return Fail(ok);
+    if (auto f = req.query.find("format"); f != req.query.end() && f->second == "tar") {
+      auto agent = manager_.AgentOf(id, "get a tree");
+      if (!agent.ok()) return Fail(agent.status());
+      if (Status s = CheckTree(*agent, path->second); !s.ok()) return Fail(s);
+      Response r;
+      r.content_type = "application/x-tar";
+      r.stream = [agent = *agent, dir = path->second](const HttpServer::StreamWriter& write) mutable {
+        TreeToTar(agent, dir, write).IgnoreError();  // (an error past the headers can only cut the stream)
+      };
+      return r;
+    } else if (f != req.query.end() && f->second != "file") {
+      return Fail(Error(EINVAL, "files: format is file or tar"));
+    }
     auto data = manager_.Get(id, path->second);
     if (!data.ok()) return Fail(data.status());
     Response r;
@@ -938,6 +952,17 @@ std::unique_ptr<HttpServer::Upload> LauncherServer::StartUpload(const Request& r
     unsigned long v = std::strtoul(m->second.c_str(), &end, 8);
     if (m->second.empty() || *end || v > 07777) return refuse(Error(EINVAL, "files: mode must be octal, at most 7777"));
     mode = static_cast<uint32_t>(v);
+  }
+  if (auto f = req.query.find("format"); f != req.query.end() && f->second == "tar") {
+    auto agent = manager_.AgentOf(id, "put a tree");
+    if (!agent.ok()) return refuse(agent.status());
+    auto tree = agent->BeginPutTree(p);
+    if (!tree.ok()) return refuse(tree.status());
+    auto upload = TarUpload(std::move(*tree));
+    if (!upload.ok()) return refuse(upload.status());
+    return std::move(*upload);
+  } else if (f != req.query.end() && f->second != "file") {
+    return refuse(Error(EINVAL, "files: format is file or tar"));
   }
   auto stream = manager_.BeginPut(id, p, mode);
   if (!stream.ok()) return refuse(stream.status());

@@ -225,6 +225,43 @@ class NdjsonCollector:
         return ExecResult.from_report(self.exit, bytes(self.out["stdout"]), bytes(self.out["stderr"]))
 
 
+def tar_of(local_dir: str) -> bytes:
+    """The tree below ``local_dir`` as a tar (names relative to it; links kept)."""
+    import io
+    import tarfile
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for name in sorted(os.listdir(local_dir)):
+            tar.add(os.path.join(local_dir, name), arcname=name, recursive=True)
+    return buf.getvalue()
+
+
+def untar_into(data: bytes, local_dir: str) -> None:
+    """Unpacks a tar into ``local_dir`` without writing outside it: names
+    with ".." or absolute ones, and links that lead out, are refused
+    (tarfile's "data" filter where the Python has it, else the same checks here)."""
+    import io
+    import tarfile
+    os.makedirs(local_dir, exist_ok=True)
+    root = os.path.realpath(local_dir)
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:*") as tar:
+        if hasattr(tarfile, "data_filter"):
+            tar.extractall(local_dir, filter="data")
+            return
+        for m in tar.getmembers():
+            target = os.path.realpath(os.path.join(root, m.name))
+            if m.name.startswith("/") or ".." in m.name.split("/") or not (target == root or target.startswith(root + os.sep)):
+                raise SandboxError(f"strata: download: entry {m.name!r} would land outside {local_dir}")
+            if m.issym() or m.islnk():
+                base = root if m.islnk() else os.path.dirname(target)
+                dest = os.path.realpath(os.path.join(base, m.linkname))
+                if m.linkname.startswith("/") or not (dest == root or dest.startswith(root + os.sep)):
+                    raise SandboxError(f"strata: download: link {m.name!r} -> {m.linkname!r} leads outside {local_dir}")
+            if not (m.isfile() or m.isdir() or m.issym() or m.islnk()):
+                continue
+            tar.extract(m, local_dir, set_attrs=m.isfile() or m.isdir())
+
+
 class Backoff:
     """Full-jitter exponential backoff within a deadline."""
 

@@ -201,6 +201,19 @@ class AsyncSandbox:
     async def read_file(self, path: str) -> bytes:
         return (await self.client._send("GET", self._path("/files"), params={"path": path}))[1]
 
+    async def upload(self, local_dir: str, remote_dir: str) -> int:
+        """See ``Sandbox.upload``."""
+        data = await asyncio.get_running_loop().run_in_executor(None, c.tar_of, local_dir)
+        status, payload = await self.client._send("PUT", self._path("/files"), content=data,
+                                                  params={"path": remote_dir, "format": "tar"}, read_timeout=600)
+        return int(json.loads(payload or b"{}").get("entries", 0))
+
+    async def download(self, remote_dir: str, local_dir: str) -> None:
+        """See ``Sandbox.download``."""
+        status, payload = await self.client._send("GET", self._path("/files"),
+                                                  params={"path": remote_dir, "format": "tar"}, read_timeout=600)
+        await asyncio.get_running_loop().run_in_executor(None, c.untar_into, payload, local_dir)
+
     async def pause(self) -> None:
         await self.client._send("POST", self._path("/pause"), body={})
 

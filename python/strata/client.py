@@ -199,6 +199,22 @@ class Sandbox:
     def read_file(self, path: str) -> bytes:
         return self.client._send("GET", self._path("/files"), params={"path": path})[1]
 
+    def upload(self, local_dir: str, remote_dir: str) -> int:
+        """Copies the tree ``local_dir`` into ``remote_dir`` of the sandbox
+        (a tar stream; links are kept as links, and no entry can land outside
+        ``remote_dir``). Returns the entries written."""
+        data = c.tar_of(local_dir)
+        status, payload = self.client._send("PUT", self._path("/files"), content=data,
+                                            params={"path": remote_dir, "format": "tar"}, read_timeout=600)
+        return int(json.loads(payload or b"{}").get("entries", 0))
+
+    def download(self, remote_dir: str, local_dir: str) -> None:
+        """Copies the tree ``remote_dir`` of the sandbox into ``local_dir``;
+        links are kept as links and nothing is written outside ``local_dir``."""
+        status, payload = self.client._send("GET", self._path("/files"), params={"path": remote_dir, "format": "tar"},
+                                            read_timeout=600)
+        c.untar_into(payload, local_dir)
+
     def pause(self) -> None:
         self.client._send("POST", self._path("/pause"), body={})
 

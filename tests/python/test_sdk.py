@@ -203,3 +203,46 @@ def test_a_ttl_destroys_a_forgotten_sandbox(node):
             client.get(sb.id)
         assert client.get(kept.id).info["expires_in"] > 500
         kept.destroy()
+
+
+def test_trees_move_as_tar_and_never_land_outside(node, tmp_path):
+    import io
+    import os
+    import tarfile
+    src = tmp_path / "src"
+    (src / "pkg" / "sub").mkdir(parents=True)
+    (src / "pkg" / "a.py").write_text("print('a')\n")
+    (src / "pkg" / "sub" / "b.bin").write_bytes(bytes(range(256)) * 1000)
+    os.chmod(src / "pkg" / "a.py", 0o755)
+    os.symlink("a.py", src / "pkg" / "link")
+    with strata.Client(node.https, token=node.tenant, verify=node.cert) as client, \
+            client.create(layers=["busybox:1"]) as sb:
+        assert sb.upload(str(src), "/work") >= 5
+        assert sb.exec("cat /work/pkg/link; stat -c %a /work/pkg/a.py; wc -c < /work/pkg/sub/b.bin").stdout == b"print('a')\n755\n256000\n"
+        out = tmp_path / "out"
+        sb.download("/work", str(out))
+        assert (out / "pkg" / "sub" / "b.bin").read_bytes() == bytes(range(256)) * 1000
+        assert os.readlink(out / "pkg" / "link") == "a.py"
+
+        # A hostile archive: a link out of the target, then an entry through it,
+        # and names with "..": nothing is written outside /work.
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tar:
+            link = tarfile.TarInfo("escape")
+            link.type, link.linkname = tarfile.SYMTYPE, "/etc"
+            tar.addfile(link)
+            for name in ("escape/passwd", "../outside", "ok/../../outside2"):
+                data = b"owned\n"
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+        with pytest.raises(strata.SandboxError):
+            client._send("PUT", f"/v1/sandboxes/{sb.id}/files", content=buf.getvalue(), params={"path": "/work", "format": "tar"})
+        assert sb.read_file("/etc/passwd") == b"root:x:0:0:root:/root:/bin/sh\n"
+        assert sb.exec("ls /outside /outside2 2>&1; ls /work").stdout.count(b"No such file") == 2
+
+        # A download of a tree whose links lead out writes nothing outside.
+        sb.exec("mkdir -p /trap && ln -s /etc /trap/etc && ln -s ../../../../tmp /trap/up")
+        with pytest.raises(Exception):
+            sb.download("/trap", str(tmp_path / "trap"))
+        assert not (tmp_path / "trap" / "etc" / "passwd").exists()
