@@ -1,4 +1,4 @@
-// The launcher's side of the agent protocol (agent_protocol.h).
+// The launcher's side of the agent protocol (agent/protocol.h).
 #pragma once
 
 #include <functional>

@@ -47,9 +47,7 @@ Result<std::unique_ptr<SandboxManager>> SandboxManager::Open(NodeConfig node, co
   std::unique_ptr<SandboxManager> m(new SandboxManager(std::move(node)));
   STRATA_RETURN_IF_ERROR(MakeDirs(state_dir, 0700));
   LmdbEnv::Options o;
-  // Sparse: the map only reserves address space. Idempotent exec answers
-  // (output included) are what fills it.
-  o.map_size = size_t{4} << 30;
+  o.map_size = size_t{256} << 20;
   STRATA_ASSIGN_OR_RETURN(m->env_, LmdbEnv::Open(state_dir, o));
   {
     STRATA_ASSIGN_OR_RETURN(LmdbTxn txn, LmdbTxn::Begin(m->env_, false));
@@ -58,7 +56,7 @@ Result<std::unique_ptr<SandboxManager>> SandboxManager::Open(NodeConfig node, co
   }
   Status s = m->Recover();
   if (!s.ok()) return s.Annotate("recover sandboxes from " + state_dir);
-  STRATA_ASSIGN_OR_RETURN(m->keys_, IdempotencyKeys::Open(m->env_));
+  STRATA_ASSIGN_OR_RETURN(m->keys_, IdempotencyKeys::Open(JoinPath(state_dir, "keys")));
   m->keys_->Expire();
   m->reaper_ = std::thread([p = m.get()] {
     std::unique_lock lock(p->pools_mu_);
@@ -441,6 +439,7 @@ Result<ExecResult> SandboxManager::Exec(const std::string& id, ExecRequest reque
     }
   }
   // No lock while the command runs: a destroy ends it (the agent goes).
+  EntryBusy busy(*entry);
   auto start = std::chrono::steady_clock::now();
   auto result = sb->Exec(std::move(request), sink);
   if (result.ok() && result->signal == SIGKILL && !result->timed_out) result->oom_killed = sb->OomKilled();
@@ -470,8 +469,16 @@ Result<std::string> SandboxManager::StartDetached(const std::string& id, ExecReq
     std::lock_guard lock(entry->mu);
     STRATA_ASSIGN_OR_RETURN(sb, Container(*entry, "detached exec"));
     if (sb->paused()) return Error(EBUSY, StrCat("sandbox ", id, " is paused; resume it first"));
-    if (request.env.empty()) request.env = entry->spec.env;
   }
+  sb->FillDefaults(request);
+  // A sandbox started by an older strata runs an agent that would take a
+  // detached request for a plain one.
+  STRATA_ASSIGN_OR_RETURN(json ping, sb->agent().Ping());
+  if (ping.value("version", 1) < 2) {
+    return Error(ENOTSUP, StrCat("sandbox ", id, ": its agent speaks protocol ", ping.value("version", 1),
+                                 "; detached commands need 2 (a sandbox created by this strata)"));
+  }
+  EntryBusy busy(*entry);
   return sb->agent().StartDetached(request, exec_id);
 }
 
@@ -483,6 +490,7 @@ Result<std::optional<ExecResult>> SandboxManager::Attach(const std::string& id, 
     std::lock_guard lock(entry->mu);
     STRATA_ASSIGN_OR_RETURN(sb, Container(*entry, "attach"));
   }
+  EntryBusy busy(*entry);
   auto r = sb->agent().Attach(exec_id, stdout_offset, stderr_offset, follow, sink, cancel_fd);
   if (r.ok() && *r && (*r)->signal == SIGKILL && !(*r)->timed_out) (*r)->oom_killed = sb->OomKilled();
   return r;
@@ -495,7 +503,13 @@ Result<json> SandboxManager::ExecStatus(const std::string& id, const std::string
     std::lock_guard lock(entry->mu);
     STRATA_ASSIGN_OR_RETURN(sb, Container(*entry, "exec status"));
   }
-  return sb->agent().ExecStatus(exec_id, wait);
+  EntryBusy busy(*entry);
+  STRATA_ASSIGN_OR_RETURN(json status, sb->agent().ExecStatus(exec_id, wait));
+  if (status.contains("exit")) {
+    json& exit = status["exit"];
+    exit["oom_killed"] = exit.value("signal", 0) == SIGKILL && !exit.value("timed_out", false) && sb->OomKilled();
+  }
+  return status;
 }
 
 Result<json> SandboxManager::ListExecs(const std::string& id) {
@@ -528,7 +542,7 @@ void SandboxManager::ReapExpired() {
   {
     std::lock_guard lock(mu_);
     for (auto& [id, e] : sandboxes_) {
-      if (e->ttl > 0 && e->ExpiresInMs() <= 0) expired.push_back(id);
+      if (e->ttl > 0 && e->busy.load() == 0 && e->ExpiresInMs() <= 0) expired.push_back(id);
     }
   }
   for (const auto& id : expired) {
@@ -546,6 +560,14 @@ Status SandboxManager::Put(const std::string& id, const std::string& path, std::
     STRATA_ASSIGN_OR_RETURN(sb, Container(*entry, "put"));
   }
   return sb->agent().Put(path, data, mode, std::nullopt);
+}
+
+// A call in progress on an entry: its ttl does not run out under it, and
+// counts again from when it ends.
+SandboxManager::EntryBusy::EntryBusy(Entry& e) : entry(e) { ++entry.busy; }
+SandboxManager::EntryBusy::~EntryBusy() {
+  entry.last_call_ms = NowMs();
+  --entry.busy;
 }
 
 Result<AgentClient> SandboxManager::AgentOf(const std::string& id, const char* what) {

@@ -109,9 +109,16 @@ class SandboxManager {
     int64_t created = 0;
     int64_t ttl = 0;    // seconds after the last call; 0: none
     std::atomic<int64_t> last_call_ms{0};  // steady clock
+    std::atomic<int> busy{0};              // calls in progress
     int64_t ExpiresInMs() const;
     bool gone() const { return !sandbox && !pool; }
     nlohmann::json Info() const;
+  };
+
+  struct EntryBusy {
+    explicit EntryBusy(Entry& e);
+    ~EntryBusy();
+    Entry& entry;
   };
 
   SandboxManager(NodeConfig node) : node_(std::move(node)) {}

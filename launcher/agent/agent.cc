@@ -332,6 +332,7 @@ Result<Agent::Started> Agent::Start(const json& req, bool want_stdin) {
       sigset_t none;
       sigemptyset(&none);
       ::sigprocmask(SIG_SETMASK, &none, nullptr);
+      ::signal(SIGPIPE, SIG_DFL);  // the agent ignores it; a command gets the usual default
       ::dup2(in_r.get(), 0);
       ::dup2(out_w.get(), 1);
       ::dup2(err_w.get(), 2);

@@ -44,9 +44,7 @@ enum class Frame : uint8_t {
                   // file), then kTreeEnd -> kOk {"entries": N}
   kGetTree = 14,  // {"path": "/dir"} -> kOk {}, per entry kTreeEntry (+ kData... kDataEnd
                   // for a file), then kTreeEnd; or kError
-  kTreeEntry = 15,  // {"name": "a/b", "type": "file"|"dir"|"symlink"|"hardlink",
-                    //  "mode": 420, "size": N, "target": "..."} (both ways)
-  kTreeEnd = 16,
+
   // agent -> launcher
   kStdout = 16,   // bytes the command wrote, up to the cap
   kStderr = 17,
@@ -58,6 +56,9 @@ enum class Frame : uint8_t {
   // both ways
   kData = 32,     // file bytes
   kDataEnd = 33,
+  kTreeEntry = 34,  // {"name": "a/b", "type": "file"|"dir"|"symlink"|"hardlink",
+                    //  "mode": 420, "size": N, "target": "..."}
+  kTreeEnd = 35,
 };
 
 // One frame of the agent protocol (common/frame.h).

@@ -3,6 +3,7 @@
 
 #include <ctime>
 
+#include "common/fs.h"
 #include "common/log.h"
 #include "common/strings.h"
 
@@ -10,11 +11,20 @@ namespace strata::launcher {
 
 using nlohmann::json;
 
-Result<std::unique_ptr<IdempotencyKeys>> IdempotencyKeys::Open(const LmdbEnv& env, Duration window) {
-  STRATA_ASSIGN_OR_RETURN(LmdbTxn txn, LmdbTxn::Begin(env, false));
-  STRATA_ASSIGN_OR_RETURN(MDB_dbi db, txn.OpenDb("keys", MDB_CREATE));
-  STRATA_RETURN_IF_ERROR(txn.Commit());
-  return std::unique_ptr<IdempotencyKeys>(new IdempotencyKeys(env, db, window));
+Result<std::unique_ptr<IdempotencyKeys>> IdempotencyKeys::Open(const std::string& dir, Duration window) {
+  STRATA_RETURN_IF_ERROR(MakeDirs(dir, 0700));
+  LmdbEnv::Options o;
+  // Sparse: kept exec answers (their output up to 2 MiB) are what fill it.
+  o.map_size = size_t{4} << 30;
+  o.flags = MDB_NOSYNC;
+  STRATA_ASSIGN_OR_RETURN(LmdbEnv env, LmdbEnv::Open(dir, o));
+  MDB_dbi db;
+  {
+    STRATA_ASSIGN_OR_RETURN(LmdbTxn txn, LmdbTxn::Begin(env, false));
+    STRATA_ASSIGN_OR_RETURN(db, txn.OpenDb("keys", MDB_CREATE));
+    STRATA_RETURN_IF_ERROR(txn.Commit());
+  }
+  return std::unique_ptr<IdempotencyKeys>(new IdempotencyKeys(std::move(env), db, window));
 }
 
 Status IdempotencyKeys::CheckKey(std::string_view key) {

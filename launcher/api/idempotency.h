@@ -24,8 +24,12 @@ class IdempotencyKeys {
   // How long a finished key's answer is kept.
   static constexpr auto kDefaultWindow = std::chrono::hours(24);
 
-  // Opens (creating) the "keys" database of `env`, which must outlive this.
-  static Result<std::unique_ptr<IdempotencyKeys>> Open(const LmdbEnv& env, Duration window = kDefaultWindow);
+  // Opens (creating) the keys' own LMDB environment in `dir`. Its commits
+  // are not synced: a key must outlive the daemon process (kill -9, an
+  // upgrade), which the page cache ensures, not the node; after a node
+  // crash the sandboxes the keys speak of are gone too. That keeps a key
+  // to two unsynced writes instead of two fsyncs per call.
+  static Result<std::unique_ptr<IdempotencyKeys>> Open(const std::string& dir, Duration window = kDefaultWindow);
 
   struct Answer {
     int status = 200;
@@ -63,10 +67,10 @@ class IdempotencyKeys {
   void Expire();
 
  private:
-  IdempotencyKeys(const LmdbEnv& env, MDB_dbi db, Duration window) : env_(env), db_(db), window_(window) {}
+  IdempotencyKeys(LmdbEnv env, MDB_dbi db, Duration window) : env_(std::move(env)), db_(db), window_(window) {}
   static std::string DbKey(const std::string& scope, const std::string& key) { return scope + "\n" + key; }
 
-  const LmdbEnv& env_;
+  LmdbEnv env_;
   MDB_dbi db_;
   Duration window_;
   std::mutex mu_;

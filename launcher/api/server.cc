@@ -797,7 +797,7 @@ Response LauncherServer::Execs(const Request& req, const std::string& id, const 
     if (auto t = query("timeout")) {
       char* end = nullptr;
       seconds = std::strtod(t->c_str(), &end);
-      if (t->empty() || *end || seconds < 0 || seconds > 3600) return Fail(Error(EINVAL, "wait: timeout is 0-3600 seconds"));
+      if (t->empty() || *end || !(seconds >= 0 && seconds <= 3600)) return Fail(Error(EINVAL, "wait: timeout is 0-3600 seconds"));
     }
     auto status = manager_.ExecStatus(id, eid, std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000)));
     manager_.Touch(id);
@@ -943,6 +943,7 @@ std::unique_ptr<HttpServer::Upload> LauncherServer::StartUpload(const Request& r
   if (!caller.ok()) return refuse(caller.status());
   if (id.empty() || id.find('/') != std::string::npos) return refuse(Error(ENOENT, "no API PUT " + req.path));
   if (Status s = CheckOwner(id, *caller); !s.ok()) return refuse(s);
+  manager_.Touch(id);
   auto path = req.query.find("path");
   const std::string p = path == req.query.end() ? "" : path->second;
   if (Status s = CheckSandboxPath(p); !s.ok()) return refuse(s);

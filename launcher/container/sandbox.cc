@@ -347,11 +347,15 @@ Status Sandbox::Start(const SandboxSpec& spec) {
   return OkStatus();
 }
 
-Result<ExecResult> Sandbox::Exec(ExecRequest request, const OutputSink& sink) {
+void Sandbox::FillDefaults(ExecRequest& request) const {
   request.isolate = spec_.backend == "fncall";
   request.isolate_network = !spec_.host_network;
   if (request.env.empty()) request.env = spec_.env;
   if (request.cwd.empty()) request.cwd = spec_.workdir.empty() ? "/" : spec_.workdir;
+}
+
+Result<ExecResult> Sandbox::Exec(ExecRequest request, const OutputSink& sink) {
+  FillDefaults(request);
   return agent_->Exec(request, sink);
 }
 

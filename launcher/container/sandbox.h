@@ -71,6 +71,8 @@ class Sandbox {
   AgentClient& agent() { return *agent_; }
 
   // Runs a command through the agent; env and workdir default to the spec's.
+  // The sandbox's env, workdir and isolation for a request that leaves them empty.
+  void FillDefaults(ExecRequest& request) const;
   Result<ExecResult> Exec(ExecRequest request, const OutputSink& sink);
   // Whether the kernel's OOM killer killed a process in the sandbox.
   bool OomKilled() const;

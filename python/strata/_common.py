@@ -15,7 +15,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import httpx
 
-from .errors import ConnectionFailed, NodeBusy, RateLimited, RequestTimeout, SandboxError, error_for
+from .errors import ConnectionFailed, NodeBusy, NotFound, RateLimited, RequestTimeout, SandboxError, error_for
 
 DEFAULT_URL = "unix:///run/strata/launcher.sock"
 # Connection errors and these statuses are retried (with the same
@@ -225,6 +225,23 @@ class NdjsonCollector:
         return ExecResult.from_report(self.exit, bytes(self.out["stdout"]), bytes(self.out["stderr"]))
 
 
+class Made(list):
+    """The sandboxes a bulk create made; ``failures`` lists the others
+    (``{"index", "error", "errno"}``)."""
+    failures: List[Dict[str, Any]] = []
+
+
+def untrusted(e: BaseException) -> bool:
+    """Whether a connection failed on the server's certificate (not worth retrying)."""
+    import ssl
+    seen = e
+    while seen is not None:
+        if isinstance(seen, ssl.SSLCertVerificationError) or "CERTIFICATE_VERIFY_FAILED" in str(seen):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
 def tar_of(local_dir: str) -> bytes:
     """The tree below ``local_dir`` as a tar (names relative to it; links kept)."""
     import io
@@ -246,7 +263,10 @@ def untar_into(data: bytes, local_dir: str) -> None:
     root = os.path.realpath(local_dir)
     with tarfile.open(fileobj=io.BytesIO(data), mode="r:*") as tar:
         if hasattr(tarfile, "data_filter"):
-            tar.extractall(local_dir, filter="data")
+            try:
+                tar.extractall(local_dir, filter="data")
+            except tarfile.FilterError as e:
+                raise SandboxError(f"strata: download: {e}") from e
             return
         for m in tar.getmembers():
             target = os.path.realpath(os.path.join(root, m.name))

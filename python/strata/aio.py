@@ -31,7 +31,7 @@ class AsyncClient:
     ``timeout`` bounds each HTTP exchange that is not a running command;
     ``retry_deadline`` bounds the retries of one call (connection errors,
     429 and 503, always with an idempotency key).
-    Thread-safe; use it as a context manager or call ``close()``.
+    Not thread-safe (one event loop); use it as an async context manager or await ``aclose()``.
     """
 
     def __init__(self, url: Union[str, Sequence[str], None] = None, token: Optional[str] = None,
@@ -100,6 +100,8 @@ class AsyncClient:
                     return status, payload
                 retry_after = response.headers.get("retry-after")
             except c.RETRYABLE_ERRORS as e:
+                if c.untrusted(e):
+                    raise SandboxError(f"strata: {method} {path}: the server's certificate is not trusted ({e})") from e
                 if started or not retry:
                     raise SandboxError(f"strata: {method} {path}: the connection broke: {e}") from e
                 last_error = e
@@ -130,7 +132,9 @@ class AsyncClient:
         answer = await self._json("POST", "/v1/sandboxes", body=body, key=c.new_key())
         if count is None:
             return AsyncSandbox(self, answer)
-        return [AsyncSandbox(self, info) for info in answer.get("sandboxes", [])]
+        made = c.Made(AsyncSandbox(self, info) for info in answer.get("sandboxes", []))
+        made.failures = answer.get("failures", [])
+        return made
 
     async def get(self, sandbox_id: str) -> "AsyncSandbox":
         return AsyncSandbox(self, await self._json("GET", f"/v1/sandboxes/{sandbox_id}"))
@@ -287,19 +291,29 @@ class AsyncProcess:
                             if stream in j:
                                 data = base64.b64decode(j[stream])
                                 offsets[stream] += len(data)
+                                backoff = c.Backoff(client._retry_deadline)  # it flows again
                                 yield stream, data
                         collector.line(j)
-            except c.RETRYABLE_ERRORS:
+            except (c.RateLimited, c.NodeBusy) as e:
                 delay = backoff.delay(None)
                 if delay is None:
                     raise
+                await asyncio.sleep(delay)
+                continue
+            except c.RETRYABLE_ERRORS as e:
+                delay = backoff.delay(None)
+                if delay is None:
+                    raise SandboxError(f"strata: output of {self.id}: the connection broke and did not come back: {e}") from e
                 client._current = (client._current + 1) % len(client._http)
                 await asyncio.sleep(delay)
                 continue
             if collector.error:
                 raise collector.error
             if follow and collector.exit is None:
-                continue  # the stream ended early (a restarting daemon): go on from the offsets
+                # The stream ended early (a restarting daemon): go on from the offsets.
+                backoff = c.Backoff(client._retry_deadline)
+                await asyncio.sleep(0.2)
+                continue
             return
 
     async def wait(self, timeout: Optional[float] = None) -> ExecResult:

@@ -98,6 +98,8 @@ class Client:
                     return status, payload
                 retry_after = response.headers.get("retry-after")
             except c.RETRYABLE_ERRORS as e:
+                if c.untrusted(e):
+                    raise SandboxError(f"strata: {method} {path}: the server's certificate is not trusted ({e})") from e
                 if started or not retry:
                     raise SandboxError(f"strata: {method} {path}: the connection broke: {e}") from e
                 last_error = e
@@ -128,7 +130,9 @@ class Client:
         answer = self._json("POST", "/v1/sandboxes", body=body, key=c.new_key())
         if count is None:
             return Sandbox(self, answer)
-        return [Sandbox(self, info) for info in answer.get("sandboxes", [])]
+        made = c.Made(Sandbox(self, info) for info in answer.get("sandboxes", []))
+        made.failures = answer.get("failures", [])
+        return made
 
     def get(self, sandbox_id: str) -> "Sandbox":
         return Sandbox(self, self._json("GET", f"/v1/sandboxes/{sandbox_id}"))
@@ -288,19 +292,29 @@ class Process:
                             if stream in j:
                                 data = base64.b64decode(j[stream])
                                 offsets[stream] += len(data)
+                                backoff = c.Backoff(client._retry_deadline)  # it flows again
                                 yield stream, data
                         collector.line(j)
-            except c.RETRYABLE_ERRORS:
+            except (c.RateLimited, c.NodeBusy) as e:
                 delay = backoff.delay(None)
                 if delay is None:
                     raise
+                time.sleep(delay)
+                continue
+            except c.RETRYABLE_ERRORS as e:
+                delay = backoff.delay(None)
+                if delay is None:
+                    raise SandboxError(f"strata: output of {self.id}: the connection broke and did not come back: {e}") from e
                 client._current = (client._current + 1) % len(client._http)
                 time.sleep(delay)
                 continue
             if collector.error:
                 raise collector.error
             if follow and collector.exit is None:
-                continue  # the stream ended early (a restarting daemon): go on from the offsets
+                # The stream ended early (a restarting daemon): go on from the offsets.
+                backoff = c.Backoff(client._retry_deadline)
+                time.sleep(0.2)
+                continue
             return
 
     def wait(self, timeout: Optional[float] = None) -> ExecResult:

@@ -53,6 +53,7 @@ class Node:
                         STRATA_CGROUP_PARENT=self.cgroup, STRATA_UPPERS=self.uppers)
         self.proc = None
         self.https = None
+        self.extra = []  # more `launcher serve` flags
 
     def token(self, name, *limits):
         out = subprocess.run([LAUNCHER, "token", "new", name, "--tokens", self.tokens, *limits], check=True,
@@ -63,7 +64,8 @@ class Node:
         open(self.log, "w").close()
         self.proc = subprocess.Popen(
             [LAUNCHER, "serve", "--socket", self.socket, "--state", os.path.join(self.root, "state"), "--tokens",
-             self.tokens, "--listen", "127.0.0.1:0", "--tls-cert", self.cert, "--tls-key", self.key, "--store", self.store],
+             self.tokens, "--listen", "127.0.0.1:0", "--tls-cert", self.cert, "--tls-key", self.key, "--store", self.store,
+             *self.extra],
             env=self.env, stdout=subprocess.DEVNULL, stderr=open(self.log, "a"), start_new_session=True)
         for _ in range(1000):
             text = open(self.log).read()
@@ -90,7 +92,7 @@ class Node:
         self.proc = subprocess.Popen(
             [LAUNCHER, "serve", "--socket", self.socket, "--state", os.path.join(self.root, "state"), "--tokens",
              self.tokens, "--listen", f"127.0.0.1:{port}", "--tls-cert", self.cert, "--tls-key", self.key, "--store",
-             self.store],
+             self.store, *self.extra],
             env=self.env, stdout=subprocess.DEVNULL, stderr=open(self.log, "a"), start_new_session=True)
         for _ in range(1000):
             if "serving on https" in open(self.log).read():
@@ -129,16 +131,16 @@ class Node:
             os.rmdir(self.uppers)
         except OSError as e:
             print(f"uppers directory left: {self.uppers}: {e}", file=sys.stderr)
+        shutil.rmtree(self.root, ignore_errors=True)
 
 
-@pytest.fixture(scope="session")
-def node():
-    reason = _skip_reason()
-    if reason:
-        pytest.skip(reason)
+def make_node(extra=()):
+    """A node of its own in a new directory: a busybox layer, a certificate,
+    two tenants ("trainer", "other"), the daemon started. Call cleanup()."""
     root = tempfile.mkdtemp(prefix="strata-pytest-")
     os.chmod(root, 0o711)
     n = Node(root)
+    n.extra = list(extra)
     try:
         busybox = os.path.join(root, "busybox")
         for d in ("bin", "proc", "sys", "dev", "tmp", "etc", "root", "mnt"):
@@ -159,10 +161,22 @@ def node():
         n.tenant = n.token("trainer")
         n.other = n.token("other")
         n.start()
+    except BaseException:
+        n.cleanup()
+        raise
+    return n
+
+
+@pytest.fixture(scope="session")
+def node():
+    reason = _skip_reason()
+    if reason:
+        pytest.skip(reason)
+    n = make_node()
+    try:
         yield n
     finally:
         n.cleanup()
-        shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture(params=["tls", "unix"])
