@@ -531,20 +531,26 @@ Status Agent::StartDetached(int conn, const json& req) {
     std::string id = req.value("exec_id", "");
     if (id.empty() || detached_.count(id)) id = StrCat("ex-", ::getpid(), "-", d->seq);
     d->id = id;
+    // Its slot and name are taken now, under the same lock as the check
+    // (it is not yet signalled: no pid).
+    detached_[d->id] = d;
   }
   d->argv = req.value("argv", json::array());
   d->started = static_cast<int64_t>(::time(nullptr));
   std::optional<std::string> input;
   if (req.contains("stdin_b64") && req["stdin_b64"].is_string()) {
     input = Base64Decode(req["stdin_b64"].get<std::string>());
-    if (!input) return SendError(conn, Error(EINVAL, "exec: stdin_b64 is not base64"));
   }
-  auto started = Start(req, input.has_value());
-  if (!started.ok()) return SendError(conn, started.status());
-  d->pid = started->pid;
-  {
+  auto started = input || !req.contains("stdin_b64") ? Start(req, input.has_value())
+                                                     : Result<Started>(Error(EINVAL, "exec: stdin_b64 is not base64"));
+  if (!started.ok()) {
     std::lock_guard lock(detached_mu_);
-    detached_[d->id] = d;
+    detached_.erase(d->id);
+    return SendError(conn, started.status());
+  }
+  {
+    std::lock_guard lock(d->mu);
+    d->pid = started->pid;
   }
   // The pump runs on its own thread; stdin, if any, is written by another
   // so a command that fills its output first never stalls on it.
@@ -642,7 +648,10 @@ Status Agent::SignalExec(int conn, const json& req) {
   const int sig = req.value("signal", SIGTERM);
   {
     std::lock_guard lock(d->mu);
-    if (!d->done && ::kill(-d->pid, sig) != 0) return SendError(conn, ErrnoError(errno, "signal " + d->id));
+    // (ESRCH: it is exiting and its pump has not seen it yet.)
+    if (!d->done && d->pid > 0 && ::kill(-d->pid, sig) != 0 && errno != ESRCH) {
+      return SendError(conn, ErrnoError(errno, "signal " + d->id));
+    }
   }
   return WriteFrame(conn, Frame::kOk, "{}");
 }

@@ -131,13 +131,13 @@ def test_errors_are_typed(node):
 
 
 def test_a_detached_command_outlives_its_client_and_a_daemon_crash(node):
-    """A 20 s command: its first client goes away, the daemon is killed and
+    """A 30 s command: its first client goes away, the daemon is killed and
     restarted, a second client attaches at an offset and waits: the output
     is complete and in order."""
     url = dict(url=node.https, token=node.tenant, verify=node.cert)
     first = strata.Client(**url)
     sb = first.create(layers=["busybox:1"])
-    p = sb.exec("i=0; while [ $i -lt 20 ]; do echo line $i; i=$((i+1)); sleep 1; done; echo end >&2", detach=True)
+    p = sb.exec("i=0; while [ $i -lt 30 ]; do echo line $i; i=$((i+1)); sleep 1; done; echo end >&2", detach=True)
     seen = b""
     for stream, data in p.output():
         seen += data
@@ -150,7 +150,7 @@ def test_a_detached_command_outlives_its_client_and_a_daemon_crash(node):
         again = second.attach(sb.id, p.id)
         assert again.status()["state"] == "running"
         rest = b"".join(data for stream, data in again.output(stdout_offset=len(seen), stderr_offset=0) if stream == "stdout")
-        assert seen + rest == b"".join(f"line {i}\n".encode() for i in range(20))
+        assert seen + rest == b"".join(f"line {i}\n".encode() for i in range(30))
         result = again.wait(timeout=60)
         assert result.exit_code == 0
         assert result.stdout == seen + rest and result.stderr == b"end\n"
@@ -246,3 +246,19 @@ def test_trees_move_as_tar_and_never_land_outside(node, tmp_path):
         with pytest.raises(Exception):
             sb.download("/trap", str(tmp_path / "trap"))
         assert not (tmp_path / "trap" / "etc" / "passwd").exists()
+
+
+def test_leftovers_keep_running_unless_asked(node):
+    with strata.Client("unix://" + node.socket) as client, client.create(layers=["busybox:1"]) as sb:
+        # By default what a command starts in the background outlives it
+        # (the exec ends 50 ms after the command while it holds the pipes).
+        r = sb.exec("sleep 300 > /dev/null 2>&1 & echo started")
+        assert r.stdout == b"started\n"
+        assert b"sleep 300" in sb.exec("ps -o args").stdout
+        sb.exec("pkill -f 'sleep 300'")
+        # With kill_leftovers its process group goes with it, detached or not.
+        sb.exec("sleep 301 > /dev/null 2>&1 & echo started", kill_leftovers=True)
+        p = sb.exec("sleep 302 > /dev/null 2>&1 & echo started", detach=True, kill_leftovers=True)
+        assert p.wait(timeout=10).exit_code == 0
+        procs = sb.exec("ps -o args").stdout
+        assert b"sleep 301" not in procs and b"sleep 302" not in procs, procs
