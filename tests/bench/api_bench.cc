@@ -157,6 +157,25 @@ static int Body(int argc, char** argv) {
     daemon->Wait().status().IgnoreError();
     daemon.reset();
   };
+  // However the bench ends (a failed Check throws), what it made goes:
+  // sandboxes outlive their daemon, so they are destroyed through it first.
+  struct Cleanup {
+    std::function<void()> f;
+    ~Cleanup() { f(); }
+  } cleanup{[&] {
+    if (daemon) {
+      launcher::LauncherClient c(socket);
+      for (const auto& s : c.List().value_or(json::array())) c.Destroy(s["id"].get<std::string>()).IgnoreError();
+      stop();
+    }
+    RunCommand({.argv = {"pkill", "-TERM", "-f", "lazyfs daemon --socket " + dir.Sub("lazyfs.sock")}}).status().IgnoreError();
+    for (int i = 0; i < 500 && RunCommand({.argv = {"pgrep", "-f", "lazyfs daemon --socket " + dir.Sub("lazyfs.sock")}})->success(); ++i) {
+      ::usleep(10000);
+    }
+    for (const char* controller : {"blkio", "cpu", "cpuacct", "cpuset", "devices", "freezer", "hugetlb", "memory", "pids", "systemd", "unified"}) {
+      ::rmdir(StrCat("/sys/fs/cgroup/", controller, "/strata-bench").c_str());
+    }
+  }};
 
   const json spec = {{"layers", {"bench:1"}}};
   const json true_cmd = {{"argv", {"true"}}};
@@ -243,14 +262,6 @@ static int Body(int argc, char** argv) {
     destroy_all();
   }
   Check(unix_client.Destroy(id));
-  stop();
-  RunCommand({.argv = {"pkill", "-TERM", "-f", "lazyfs daemon --socket " + dir.Sub("lazyfs.sock")}}).status().IgnoreError();
-  for (int i = 0; i < 500 && RunCommand({.argv = {"pgrep", "-f", "lazyfs daemon --socket " + dir.Sub("lazyfs.sock")}})->success(); ++i) {
-    ::usleep(10000);
-  }
-  for (const char* controller : {"blkio", "cpu", "cpuacct", "cpuset", "devices", "freezer", "hugetlb", "memory", "pids", "systemd", "unified"}) {
-    ::rmdir(StrCat("/sys/fs/cgroup/", controller, "/strata-bench").c_str());
-  }
 
   std::printf("node API, %d calls per row, one keep-alive connection each, interleaved\n", calls);
   Table t({"transport", "client exec true p50 ms", "p99 ms", "raw curl exec true p50 ms", "p99 ms",
@@ -267,7 +278,6 @@ static int Body(int argc, char** argv) {
   c.Add({StrCat("one request, count ", kBulk), Fixed(bulk, 1), StrCat(kBulk, " single creates, ", kInFlight, " in flight"),
          Fixed(single, 1), Fixed(bulk / single, 2)});
   c.Print();
-  curl_global_cleanup();
   return 0;
 }
 
