@@ -246,6 +246,30 @@ Status AgentClient::Put(const std::string& path, std::string_view data, uint32_t
   return stream->Finish();
 }
 
+Result<std::unique_ptr<AgentClient::GetStream>> AgentClient::OpenGet(const std::string& path) {
+  STRATA_ASSIGN_OR_RETURN(int raw, Connect());
+  auto stream = std::make_unique<GetStream>();
+  stream->fd_.reset(raw);
+  stream->path_ = path;
+  STRATA_RETURN_IF_ERROR(WriteFrame(raw, Frame::kGet, json{{"path", path}}.dump()));
+  Frame type;
+  std::string payload;
+  STRATA_RETURN_IF_ERROR(ReadFrame(raw, &type, &payload).Annotate("get " + path + ": no answer from the agent"));
+  if (type == Frame::kError) return ParseErrorFrame(payload);
+  json head = json::parse(payload, nullptr, false);
+  if (head.is_object()) stream->size_ = head.value("size", uint64_t{0});
+  return stream;
+}
+
+Result<bool> AgentClient::GetStream::Next(std::string* piece) {
+  Frame type;
+  STRATA_RETURN_IF_ERROR(ReadFrame(fd_.get(), &type, piece).Annotate("get " + path_ + ": the agent went away"));
+  if (type == Frame::kDataEnd) return false;
+  if (type == Frame::kError) return ParseErrorFrame(*piece);
+  if (type != Frame::kData) return Error(EPROTO, "get " + path_ + ": unexpected frame");
+  return true;
+}
+
 Result<std::string> AgentClient::Get(const std::string& path) {
   STRATA_ASSIGN_OR_RETURN(int raw, Connect());
   UniqueFd fd(raw);

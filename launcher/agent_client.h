@@ -113,6 +113,20 @@ class AgentClient {
   Status GetTree(const std::string& path, const std::function<Status(const nlohmann::json&)>& on_entry,
                  const std::function<Status(std::string_view)>& on_data);
   Result<std::string> Get(const std::string& path);
+  // A file read piece by piece: OpenGet has the agent's first answer (an
+  // error, or the file's size and mode), Next() the bytes (false at the end).
+  class GetStream {
+   public:
+    uint64_t size() const { return size_; }
+    Result<bool> Next(std::string* piece);
+
+   private:
+    friend class AgentClient;
+    UniqueFd fd_;
+    std::string path_;
+    uint64_t size_ = 0;
+  };
+  Result<std::unique_ptr<GetStream>> OpenGet(const std::string& path);
   Result<nlohmann::json> Ping();
 
   // Detached commands (protocol version 2): the agent runs and keeps them.

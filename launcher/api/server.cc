@@ -219,6 +219,16 @@ struct KeyGuard {
   }
 };
 
+// The sandbox was there when the exec began (CheckExec): a "no such
+// file" or "permission denied" now is about the command (a missing
+// program), a bad request rather than a missing sandbox.
+// (The errno stays what it was.)
+Response CommandFail(const Status& s) {
+  Response r = Fail(s);
+  if (s.code() == ENOENT || s.code() == EACCES || s.code() == ENOEXEC) r.status = 400;
+  return r;
+}
+
 // How an exec's answer goes out.
 enum class ExecFormat { kFrames, kNdjson, kJson };
 
@@ -491,11 +501,22 @@ Response LauncherServer::Route(const Request& req, const Caller& caller) {
     } else if (f != req.query.end() && f->second != "file") {
       return Fail(Error(EINVAL, "files: format is file or tar"));
     }
-    auto data = manager_.Get(id, path->second);
-    if (!data.ok()) return Fail(data.status());
+    // Streamed from the agent as it reads (never held whole); its first
+    // answer (a missing file, a directory) still decides the status.
+    auto agent = manager_.AgentOf(id, "get");
+    if (!agent.ok()) return Fail(agent.status());
+    auto file = agent->OpenGet(path->second);
+    if (!file.ok()) return Fail(file.status());
     Response r;
     r.content_type = "application/octet-stream";
-    r.body = std::move(*data);
+    r.headers.emplace_back("X-Strata-File-Size", std::to_string((*file)->size()));
+    r.stream = [file = std::shared_ptr<AgentClient::GetStream>(std::move(*file))](const HttpServer::StreamWriter& write) {
+      std::string piece;
+      while (true) {
+        auto more = file->Next(&piece);
+        if (!more.ok() || !*more || !write(piece)) return;  // (an error past the headers can only cut the stream)
+      }
+    };
     return r;
   }
   if (verb == "exec" && req.method == "POST") return Exec(req, id, body, caller);
@@ -714,7 +735,7 @@ Response LauncherServer::Exec(const Request& req, const std::string& id, const j
   };
   if (format == ExecFormat::kJson) {
     auto [status, answer] = run(std::move(*exec), nullptr);
-    return status.ok() ? Json(answer) : Fail(status);
+    return status.ok() ? Json(answer) : CommandFail(status);
   }
   // Streamed as the command writes (stdout, stderr, then exit or error),
   // so a client sees output before the command ends.
@@ -762,7 +783,7 @@ Response LauncherServer::Detach(const Request& req, const std::string& id, const
     json answer = started.ok() ? json{{"exec_id", *started}, {"sandbox", id}, {"state", "running"}} : json();
     if (!started.ok() || !keys.Finish(caller.scope(), key, {201, answer}).ok()) keys.Release(caller.scope(), key);
   }
-  if (!started.ok()) return Fail(started.status());
+  if (!started.ok()) return CommandFail(started.status());
   return Json({{"exec_id", *started}, {"sandbox", id}, {"state", "running"}}, 201);
 }
 

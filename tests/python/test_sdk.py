@@ -262,3 +262,18 @@ def test_leftovers_keep_running_unless_asked(node):
         assert p.wait(timeout=10).exit_code == 0
         procs = sb.exec("ps -o args").stdout
         assert b"sleep 301" not in procs and b"sleep 302" not in procs, procs
+
+
+def test_a_missing_program_is_a_bad_request_not_a_missing_sandbox(node):
+    with strata.Client("unix://" + node.socket) as client, client.create(layers=["busybox:1"]) as sb:
+        for detach in (False, True):
+            with pytest.raises(strata.SandboxError) as e:
+                sb.exec(["/no/such/program"], detach=detach)
+            assert not isinstance(e.value, strata.NotFound) and e.value.status == 400 and e.value.errno == 2
+            assert "/no/such/program" in e.value.message
+        # A large file comes back whole (streamed from the agent).
+        data = bytes(range(256)) * 20000
+        sb.write_file("/root/big", data)
+        assert sb.read_file("/root/big") == data
+        with pytest.raises(strata.NotFound):
+            sb.read_file("/root/missing")
