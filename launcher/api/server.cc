@@ -212,6 +212,7 @@ struct KeyGuard {
     scope = s;
     key = name;
   }
+  void Disarm() { keys = nullptr; }
   IdempotencyKeys& Settle() {
     IdempotencyKeys* k = keys;
     keys = nullptr;
@@ -227,6 +228,36 @@ Response CommandFail(const Status& s) {
   Response r = Fail(s);
   if (s.code() == ENOENT || s.code() == EACCES || s.code() == ENOEXEC) r.status = 400;
   return r;
+}
+
+// The request's Idempotency-Key (none: `claim->key` stays empty), claimed
+// for `scope`. Returns the answer to give at once for a malformed or
+// reused key; otherwise `guard` holds the key unless its answer is kept
+// (kDone, which the caller replays).
+struct KeyClaim {
+  std::string key;
+  IdempotencyKeys::Claim::Kind kind = IdempotencyKeys::Claim::kOwner;
+  IdempotencyKeys::Answer answer;
+  json note;
+};
+std::optional<Response> ClaimKey(IdempotencyKeys& keys, const Request& req, const std::string& scope, const json& body,
+                                 const json& note, KeyGuard& guard, KeyClaim* out) {
+  const auto header = req.headers.find("idempotency-key");
+  if (header == req.headers.end() || header->second.empty()) return std::nullopt;
+  out->key = header->second;
+  if (Status s = IdempotencyKeys::CheckKey(out->key); !s.ok()) return Fail(s);
+  auto claim = keys.Begin(scope, out->key, Fingerprint(req, body), note);
+  if (!claim.ok()) return Fail(claim.status());
+  if (claim->kind == IdempotencyKeys::Claim::kMismatch) {
+    Response r = Fail(Error(EINVAL, "Idempotency-Key " + Quote(out->key) + " was used for a different request"));
+    r.status = 422;
+    return r;
+  }
+  out->kind = claim->kind;
+  out->answer = std::move(claim->answer);
+  out->note = std::move(claim->note);
+  if (claim->kind != IdempotencyKeys::Claim::kDone) guard.Hold(keys, scope, out->key);
+  return std::nullopt;
 }
 
 // How an exec's answer goes out.
@@ -561,26 +592,16 @@ Response LauncherServer::Create(const Request& req, const json& body, const Call
 
   std::vector<std::string> ids(static_cast<size_t>(count));
   for (auto& id : ids) id = NewSandboxId();
-  const auto key_header = req.headers.find("idempotency-key");
-  const std::string key = key_header == req.headers.end() ? "" : key_header->second;
   KeyGuard guard;
-  if (!key.empty()) {
-    if (Status s = IdempotencyKeys::CheckKey(key); !s.ok()) return Fail(s);
-    auto claim = manager_.keys().Begin(caller.scope(), key, Fingerprint(req, body), {{"ids", ids}});
-    if (!claim.ok()) return Fail(claim.status());
-    if (claim->kind == IdempotencyKeys::Claim::kMismatch) {
-      Response r = Fail(Error(EINVAL, "Idempotency-Key " + Quote(key) + " was used for a different request"));
-      r.status = 422;
-      return r;
-    }
-    if (claim->kind == IdempotencyKeys::Claim::kDone) return Json(claim->answer.body, claim->answer.status);
-    guard.Hold(manager_.keys(), caller.scope(), key);
-    if (claim->kind == IdempotencyKeys::Claim::kInterrupted) {
-      // The same ids again: those the dead daemon made (and this one
-      // re-adopted) are answered as they are, the others are made now.
-      auto old = claim->note.value("ids", std::vector<std::string>{});
-      if (old.size() == ids.size()) ids = old;
-    }
+  KeyClaim claim;
+  if (auto reply = ClaimKey(manager_.keys(), req, caller.scope(), body, {{"ids", ids}}, guard, &claim)) return *reply;
+  const std::string& key = claim.key;
+  if (claim.kind == IdempotencyKeys::Claim::kDone) return Json(claim.answer.body, claim.answer.status);
+  if (claim.kind == IdempotencyKeys::Claim::kInterrupted) {
+    // The same ids again: those the dead daemon made (and this one
+    // re-adopted) are answered as they are, the others are made now.
+    auto old = claim.note.value("ids", std::vector<std::string>{});
+    if (old.size() == ids.size()) ids = old;
   }
 
   struct Outcome {
@@ -663,21 +684,16 @@ Response LauncherServer::Exec(const Request& req, const std::string& id, const j
   } else if (body.value("stream", true)) {
     format = ExecFormat::kFrames;
   }
-  const auto key_header = req.headers.find("idempotency-key");
-  const std::string key = key_header == req.headers.end() ? "" : key_header->second;
   const std::string scope = caller.scope();
-  if (!key.empty()) {
-    if (Status s = IdempotencyKeys::CheckKey(key); !s.ok()) return Fail(s);
-    auto claim = manager_.keys().Begin(scope, key, Fingerprint(req, body), json::object());
-    if (!claim.ok()) return Fail(claim.status());
-    if (claim->kind == IdempotencyKeys::Claim::kMismatch) {
-      Response r = Fail(Error(EINVAL, "Idempotency-Key " + Quote(key) + " was used for a different request"));
-      r.status = 422;
-      return r;
-    }
-    if (claim->kind == IdempotencyKeys::Claim::kDone) {  // the first answer again
-      const json& answer = claim->answer.body;
-      if (format == ExecFormat::kJson) return Json(answer, claim->answer.status);
+  KeyGuard guard;
+  KeyClaim claim;
+  if (auto reply = ClaimKey(manager_.keys(), req, scope, body, json::object(), guard, &claim)) return *reply;
+  const std::string key = claim.key;
+  guard.Disarm();  // the run below settles the key, however the exec ends
+  {
+    if (claim.kind == IdempotencyKeys::Claim::kDone) {  // the first answer again
+      const json& answer = claim.answer.body;
+      if (format == ExecFormat::kJson) return Json(answer, claim.answer.status);
       Response r;
       r.content_type = ContentType(format);
       for (int stream : {1, 2}) {
@@ -752,24 +768,16 @@ Response LauncherServer::Exec(const Request& req, const std::string& id, const j
 
 Response LauncherServer::Detach(const Request& req, const std::string& id, const json& body, ExecRequest exec,
                                 const Caller& caller) {
-  const auto key_header = req.headers.find("idempotency-key");
-  const std::string key = key_header == req.headers.end() ? "" : key_header->second;
   std::string exec_id = "ex-" + NewSandboxId().substr(3);
   KeyGuard guard;
-  if (!key.empty()) {
-    if (Status s = IdempotencyKeys::CheckKey(key); !s.ok()) return Fail(s);
-    auto claim = manager_.keys().Begin(caller.scope(), key, Fingerprint(req, body), {{"exec_id", exec_id}});
-    if (!claim.ok()) return Fail(claim.status());
-    if (claim->kind == IdempotencyKeys::Claim::kMismatch) {
-      Response r = Fail(Error(EINVAL, "Idempotency-Key " + Quote(key) + " was used for a different request"));
-      r.status = 422;
-      return r;
-    }
-    if (claim->kind == IdempotencyKeys::Claim::kDone) return Json(claim->answer.body, claim->answer.status);
-    guard.Hold(manager_.keys(), caller.scope(), key);
-    if (claim->kind == IdempotencyKeys::Claim::kInterrupted) {
+  KeyClaim claim;
+  if (auto reply = ClaimKey(manager_.keys(), req, caller.scope(), body, {{"exec_id", exec_id}}, guard, &claim)) return *reply;
+  const std::string& key = claim.key;
+  if (claim.kind == IdempotencyKeys::Claim::kDone) return Json(claim.answer.body, claim.answer.status);
+  {
+    if (claim.kind == IdempotencyKeys::Claim::kInterrupted) {
       // The dead daemon may have started it: the agent still has it then.
-      exec_id = claim->note.value("exec_id", exec_id);
+      exec_id = claim.note.value("exec_id", exec_id);
       if (auto status = manager_.ExecStatus(id, exec_id, Duration{0}); status.ok()) {
         json answer = {{"exec_id", exec_id}, {"sandbox", id}, {"state", (*status)["state"]}};
         guard.Settle().Finish(caller.scope(), key, {201, answer}).IgnoreError();
@@ -868,23 +876,12 @@ Response LauncherServer::Execs(const Request& req, const std::string& id, const 
 // --- destroy and snapshot ----------------------------------------------------
 
 Response LauncherServer::Destroy(const Request& req, const std::string& id, const Caller& caller) {
-  const auto key_header = req.headers.find("idempotency-key");
-  const std::string key = key_header == req.headers.end() ? "" : key_header->second;
-  bool interrupted = false;
   KeyGuard guard;
-  if (!key.empty()) {
-    if (Status s = IdempotencyKeys::CheckKey(key); !s.ok()) return Fail(s);
-    auto claim = manager_.keys().Begin(caller.scope(), key, Fingerprint(req, json::object()), json::object());
-    if (!claim.ok()) return Fail(claim.status());
-    if (claim->kind == IdempotencyKeys::Claim::kMismatch) {
-      Response r = Fail(Error(EINVAL, "Idempotency-Key " + Quote(key) + " was used for a different request"));
-      r.status = 422;
-      return r;
-    }
-    if (claim->kind == IdempotencyKeys::Claim::kDone) return Json(claim->answer.body, claim->answer.status);
-    interrupted = claim->kind == IdempotencyKeys::Claim::kInterrupted;
-    guard.Hold(manager_.keys(), caller.scope(), key);
-  }
+  KeyClaim claim;
+  if (auto reply = ClaimKey(manager_.keys(), req, caller.scope(), json::object(), json::object(), guard, &claim)) return *reply;
+  const std::string& key = claim.key;
+  if (claim.kind == IdempotencyKeys::Claim::kDone) return Json(claim.answer.body, claim.answer.status);
+  const bool interrupted = claim.kind == IdempotencyKeys::Claim::kInterrupted;
   Status s = CheckOwner(id, caller);
   if (s.code() == ENOENT && interrupted) s = OkStatus();  // the dead daemon's destroy finished, or recovery did
   else if (s.ok()) s = manager_.Destroy(id);
@@ -907,21 +904,11 @@ Response LauncherServer::Snapshot(const Request& req, const std::string& id, con
   if (caller.tenant && !LayerAllowed(caller.tenant->limits, body["tag"].get<std::string>())) {
     return Fail(Error(EPERM, StrCat("snapshot: tenant ", caller.scope(), " may not publish ", Quote(body["tag"].get<std::string>()))));
   }
-  const auto key_header = req.headers.find("idempotency-key");
-  const std::string key = key_header == req.headers.end() ? "" : key_header->second;
   KeyGuard guard;
-  if (!key.empty()) {
-    if (Status s = IdempotencyKeys::CheckKey(key); !s.ok()) return Fail(s);
-    auto claim = manager_.keys().Begin(caller.scope(), key, Fingerprint(req, body), json::object());
-    if (!claim.ok()) return Fail(claim.status());
-    if (claim->kind == IdempotencyKeys::Claim::kMismatch) {
-      Response r = Fail(Error(EINVAL, "Idempotency-Key " + Quote(key) + " was used for a different request"));
-      r.status = 422;
-      return r;
-    }
-    if (claim->kind == IdempotencyKeys::Claim::kDone) return Json(claim->answer.body, claim->answer.status);
-    guard.Hold(manager_.keys(), caller.scope(), key);
-  }
+  KeyClaim claim;
+  if (auto reply = ClaimKey(manager_.keys(), req, caller.scope(), body, json::object(), guard, &claim)) return *reply;
+  const std::string& key = claim.key;
+  if (claim.kind == IdempotencyKeys::Claim::kDone) return Json(claim.answer.body, claim.answer.status);
   auto r = manager_.Snapshot(id, body["tag"].get<std::string>(), std::move(excludes));
   if (!key.empty()) {
     IdempotencyKeys& keys = guard.Settle();

@@ -33,30 +33,6 @@ namespace {
 
 using nlohmann::json;
 
-struct Figures {
-  double p50_ms = 0, p99_ms = 0, per_second = 0;
-};
-
-Figures Measure(int total, int parallel, const std::function<void(int)>& one) {
-  std::vector<double> ms;
-  std::mutex mu;
-  std::atomic<int> next{0};
-  auto start = Clock::now();
-  std::vector<std::thread> threads;
-  for (int t = 0; t < parallel; ++t) {
-    threads.emplace_back([&] {
-      for (int i; (i = next++) < total;) {
-        auto t0 = Clock::now();
-        one(i);
-        double d = Seconds(Clock::now() - t0) * 1000;
-        std::lock_guard lock(mu);
-        ms.push_back(d);
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  return {Percentile(ms, 50), Percentile(ms, 99), total / Seconds(Clock::now() - start)};
-}
 
 // One libcurl easy handle, kept (so is its connection) across requests.
 class RawCurl {

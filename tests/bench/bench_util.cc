@@ -1,6 +1,10 @@
 // Benchmark helpers.
 #include "tests/bench/bench_util.h"
 
+#include <atomic>
+#include <mutex>
+#include <thread>
+
 #include <unistd.h>
 
 #include <algorithm>
@@ -61,6 +65,27 @@ void Table::Print() const {
     }
   }
   std::fflush(stdout);
+}
+
+Figures Measure(int total, int parallel, const std::function<void(int)>& one) {
+  std::vector<double> ms;
+  std::mutex mu;
+  std::atomic<int> next{0};
+  auto start = Clock::now();
+  std::vector<std::thread> threads;
+  for (int t = 0; t < parallel; ++t) {
+    threads.emplace_back([&] {
+      for (int i; (i = next++) < total;) {
+        auto t0 = Clock::now();
+        one(i);
+        double d = Seconds(Clock::now() - t0) * 1000;
+        std::lock_guard lock(mu);
+        ms.push_back(d);
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  return {Percentile(ms, 50), Percentile(ms, 99), total / Seconds(Clock::now() - start)};
 }
 
 std::string Fixed(double v, int digits) {

@@ -18,6 +18,13 @@ inline double Seconds(Clock::duration d) { return std::chrono::duration<double>(
 double Median(std::vector<double> samples);
 double Percentile(std::vector<double> samples, double p);
 
+struct Figures {
+  double p50_ms = 0, p99_ms = 0, per_second = 0;
+};
+// `total` runs of `one(i)`, `parallel` at a time: latency percentiles and
+// the rate over the whole.
+Figures Measure(int total, int parallel, const std::function<void(int)>& one);
+
 // A Markdown table printed with aligned columns.
 class Table {
  public:

@@ -22,11 +22,6 @@
 namespace strata::bench {
 namespace {
 
-
-struct Figures {
-  double p50_ms, p99_ms, per_second;
-};
-
 // Runs every contender once per round, round after round, so that drift on
 // a noisy machine (a btrfs cleaner deleting old subvolumes, another job)
 // falls on all of them alike. Rate: runs per second of the contender's own time.
