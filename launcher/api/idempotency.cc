@@ -16,7 +16,9 @@ Result<std::unique_ptr<IdempotencyKeys>> IdempotencyKeys::Open(const std::string
   LmdbEnv::Options o;
   // Sparse: kept exec answers (their output up to 2 MiB) are what fill it.
   o.map_size = size_t{4} << 30;
-  o.flags = MDB_NOSYNC;
+  // Commits are writes into the shared map (no syscalls), kept by the page
+  // cache when the process dies; the file is sparse.
+  o.flags = MDB_NOSYNC | MDB_WRITEMAP | MDB_MAPASYNC;
   STRATA_ASSIGN_OR_RETURN(LmdbEnv env, LmdbEnv::Open(dir, o));
   MDB_dbi db;
   {

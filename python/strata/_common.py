@@ -317,5 +317,29 @@ def give_up(last: Optional[BaseException], status: Optional[int], body: bytes) -
     return RequestTimeout("strata: the call's deadline passed")
 
 
+def ssl_context(verify: Union[bool, str]):
+    import ssl
+    if verify is False:
+        ctx = ssl.create_default_context()
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+        return ctx
+    if isinstance(verify, str):
+        return ssl.create_default_context(cafile=verify)
+    return ssl.create_default_context()
+
+
+def header(headers, name: bytes) -> Optional[str]:
+    for k, v in headers:
+        if k.lower() == name:
+            return v.decode("latin-1")
+    return None
+
+
+import httpcore as _httpcore  # noqa: E402
+
+RETRYABLE_CORE_ERRORS = (_httpcore.ConnectError, _httpcore.ConnectTimeout, _httpcore.RemoteProtocolError,
+                         _httpcore.ReadError, _httpcore.WriteError, _httpcore.PoolTimeout)
+
 RETRYABLE_ERRORS = (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError, httpx.ReadError,
                     httpx.WriteError, httpx.PoolTimeout)

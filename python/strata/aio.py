@@ -9,9 +9,12 @@ import asyncio
 import time
 from typing import Any, AsyncIterator, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
-import httpx
+import urllib.parse
+
+import httpcore
 
 from . import _common as c
+from ._asyncio_net import AsyncioBackend
 from ._common import ExecResult
 from .errors import NotFound, SandboxError
 
@@ -41,16 +44,32 @@ class AsyncClient:
         self._timeout = timeout
         self._retry_deadline = retry_deadline
         verify = c.default_verify(verify)
+        context = c.ssl_context(verify)
+        # httpcore (httpx's engine) directly, on plain asyncio: the httpx
+        # client layer and anyio cost a millisecond a call that this SDK
+        # does not need (docs/benchmarks.md, "sdk").
         self._http = [
-            httpx.AsyncClient(base_url=e.base_url, transport=httpx.AsyncHTTPTransport(uds=e.uds, verify=verify, limits=c.limits()),
-                         headers=c.headers(self._token), timeout=httpx.Timeout(timeout), verify=verify)
+            httpcore.AsyncConnectionPool(ssl_context=context, max_connections=1024, max_keepalive_connections=512,
+                                         keepalive_expiry=30, uds=e.uds, network_backend=AsyncioBackend())
             for e in self._endpoints
         ]
+        self._bases = [e.base_url for e in self._endpoints]
+        self._headers = [(k.encode(), v.encode()) for k, v in c.headers(self._token).items()]
         self._current = 0
 
     async def aclose(self) -> None:
         for h in self._http:
             await h.aclose()
+
+    def _url(self, path: str, params: Optional[Mapping[str, Any]]) -> str:
+        url = self._bases[self._current] + path
+        if params:
+            url += "?" + urllib.parse.urlencode(params)
+        return url
+
+    def _extensions(self, read_timeout: Any) -> Dict[str, Any]:
+        read = self._timeout if read_timeout is _DEFAULT else read_timeout
+        return {"timeout": {"connect": self._timeout, "read": read, "write": self._timeout, "pool": self._timeout}}
 
     async def __aenter__(self) -> "AsyncClient":
         return self
@@ -67,16 +86,16 @@ class AsyncClient:
         """Sends one call, retrying connection errors and 429/503 until the
         deadline (with the same idempotency key). With ``sink`` a 2xx body
         goes to it as it arrives, and a broken stream is not retried."""
-        hdrs = {}
+        hdrs = list(self._headers)
         if key:
-            hdrs["Idempotency-Key"] = key
+            hdrs.append((b"Idempotency-Key", key.encode()))
         if accept:
-            hdrs["Accept"] = accept
+            hdrs.append((b"Accept", accept.encode()))
         data = json.dumps(body).encode() if body is not None else content
         if body is not None:
-            hdrs["Content-Type"] = "application/json"
+            hdrs.append((b"Content-Type", b"application/json"))
         # A running command's answer takes as long as the command (None: no bound).
-        timeout = None if read_timeout is _DEFAULT else httpx.Timeout(self._timeout, read=read_timeout)
+        extensions = self._extensions(read_timeout)
         backoff = c.Backoff(self._retry_deadline)
         last_error: Optional[BaseException] = None
         status, payload = None, b""
@@ -84,22 +103,20 @@ class AsyncClient:
             http = self._http[self._current]
             started = False
             try:
-                kw = {"content": data, "params": params, "headers": hdrs}
-                if timeout is not None:
-                    kw["timeout"] = timeout
-                async with http.stream(method, path, **kw) as response:
-                    status = response.status_code
+                async with http.stream(method, self._url(path, params), headers=hdrs, content=data or b"",
+                                       extensions=extensions) as response:
+                    status = response.status
                     if 200 <= status < 300 and sink is not None:
                         started = True
-                        async for chunk in response.aiter_bytes():
+                        async for chunk in response.aiter_stream():
                             sink(chunk)
                         return status, b""
                     payload = await response.aread()
                 if status not in c.RETRY_STATUSES or not retry:
                     c.raise_for(status, payload)
                     return status, payload
-                retry_after = response.headers.get("retry-after")
-            except c.RETRYABLE_ERRORS as e:
+                retry_after = c.header(response.headers, b"retry-after")
+            except c.RETRYABLE_CORE_ERRORS as e:
                 if c.untrusted(e):
                     raise SandboxError(f"strata: {method} {path}: the server's certificate is not trusted ({e})") from e
                 if started or not retry:
@@ -107,7 +124,7 @@ class AsyncClient:
                 last_error = e
                 retry_after = None
                 self._current = (self._current + 1) % len(self._http)  # the next gateway
-            except httpx.TimeoutException as e:
+            except httpcore.TimeoutException as e:
                 raise c.RequestTimeout(f"strata: {method} {path}: timed out ({e})") from e
             delay = backoff.delay(retry_after)
             if delay is None:
@@ -278,29 +295,33 @@ class AsyncProcess:
             collector = c.NdjsonCollector(keep=False)
             try:
                 http = client._http[client._current]
-                async with http.stream("GET", self._path("/output"), params=params,
-                                 headers={"Accept": "application/x-ndjson"},
-                                 timeout=httpx.Timeout(client._timeout, read=None)) as response:
-                    if response.status_code != 200:
-                        c.raise_for(response.status_code, await response.aread())
-                    async for line in response.aiter_lines():
-                        if not line.strip():
-                            continue
-                        j = json.loads(line)
-                        for stream in ("stdout", "stderr"):
-                            if stream in j:
-                                data = base64.b64decode(j[stream])
-                                offsets[stream] += len(data)
-                                backoff = c.Backoff(client._retry_deadline)  # it flows again
-                                yield stream, data
-                        collector.line(j)
+                partial = b""
+                async with http.stream("GET", client._url(self._path("/output"), params),
+                                       headers=client._headers + [(b"Accept", b"application/x-ndjson")],
+                                       extensions=client._extensions(None)) as response:
+                    if response.status != 200:
+                        c.raise_for(response.status, await response.aread())
+                    async for chunk in response.aiter_stream():
+                        lines = (partial + chunk).split(b"\n")
+                        partial = lines.pop()
+                        for line in lines:
+                            if not line.strip():
+                                continue
+                            j = json.loads(line)
+                            for stream in ("stdout", "stderr"):
+                                if stream in j:
+                                    data = base64.b64decode(j[stream])
+                                    offsets[stream] += len(data)
+                                    backoff = c.Backoff(client._retry_deadline)  # it flows again
+                                    yield stream, data
+                            collector.line(j)
             except (c.RateLimited, c.NodeBusy) as e:
                 delay = backoff.delay(None)
                 if delay is None:
                     raise
                 await asyncio.sleep(delay)
                 continue
-            except c.RETRYABLE_ERRORS as e:
+            except c.RETRYABLE_CORE_ERRORS as e:
                 delay = backoff.delay(None)
                 if delay is None:
                     raise SandboxError(f"strata: output of {self.id}: the connection broke and did not come back: {e}") from e
