@@ -25,6 +25,7 @@
 #include "launcher/api/client.h"
 #include "layerctl/builder.h"
 #include "layerctl/publish.h"
+#include "tests/bench/bench_layers.h"
 #include "tests/bench/bench_util.h"
 #include "tests/testing/tree.h"
 
@@ -88,14 +89,9 @@ static int Body(int argc, char** argv) {
   const int calls = argc > 1 ? std::atoi(argv[1]) : 500;
   constexpr int kInFlight = 8, kBulk = 50;
   curl_global_init(CURL_GLOBAL_DEFAULT);
-  TempDir dir = Check(TempDir::Create("strata-bench"));
-  Check(::chmod(dir.path().c_str(), 0711) == 0 ? OkStatus() : ErrnoError(errno, "chmod"));
-  const std::string tree = dir.Sub("busybox");
-  Check(testing::MakeBusyboxRoot(tree));
-  const std::string store = "file://" + dir.Sub("store");
-  auto built = Check(layerctl::BuildLayer({.source = tree, .output_dir = dir.Sub("layer"), .name = "busybox"}));
-  cache::Catalog catalog(Check(cache::OpenStore(store)));
-  Check(layerctl::Push(built, catalog, cache::LayerRef{"bench", "1"}).status());
+  BusyboxLayer layer = PublishBusybox();
+  const TempDir& dir = layer.dir;
+  const std::string& store = layer.store;
 
   const std::string launcher = SelfDir() + "/../../launcher/launcher";
   const std::string cert = dir.Sub("cert.pem"), key = dir.Sub("key.pem"), tokens = dir.Sub("tokens");

@@ -27,6 +27,7 @@
 #include "launcher/container/seccomp.h"
 #include "layerctl/builder.h"
 #include "layerctl/publish.h"
+#include "tests/bench/bench_layers.h"
 #include "tests/bench/bench_util.h"
 #include "tests/testing/tree.h"
 
@@ -60,14 +61,10 @@ static int Body(int argc, char** argv) {
   const int cycles = argc > 1 ? std::atoi(argv[1]) : 200;
   const int idle = argc > 2 ? std::atoi(argv[2]) : 500;
   constexpr int kInFlight = 8;
-  TempDir dir = Check(TempDir::Create("strata-bench"));
-  Check(::chmod(dir.path().c_str(), 0711) == 0 ? OkStatus() : ErrnoError(errno, "chmod"));
-  const std::string tree = dir.Sub("busybox");
-  Check(testing::MakeBusyboxRoot(tree));
-  const std::string store = "file://" + dir.Sub("store");
-  auto built = Check(layerctl::BuildLayer({.source = tree, .output_dir = dir.Sub("layer"), .name = "busybox"}));
-  cache::Catalog catalog(Check(cache::OpenStore(store)));
-  Check(layerctl::Push(built, catalog, cache::LayerRef{"bench", "1"}).status());
+  BusyboxLayer layer = PublishBusybox();
+  const TempDir& dir = layer.dir;
+  const std::string& tree = layer.tree;
+  const std::string& store = layer.store;
 
   // The daemon, on its own socket, run directory and cgroup parent.
   const std::string launcher = SelfDir() + "/../../launcher/launcher";
