@@ -212,10 +212,30 @@ MHD_Result CollectHeader(void* cls, MHD_ValueKind, const char* key, const char* 
   return MHD_YES;
 }
 
+// Queues `response`; never throws (it runs inside libmicrohttpd's C
+// frames): a failure closes the connection instead.
+MHD_Result SendOrClose(MHD_Connection* connection, HttpServer::Response response);
+
 MHD_Result Send(MHD_Connection* connection, HttpServer::Response response) {
+  try {
+    return SendOrClose(connection, std::move(response));
+  } catch (const std::exception& e) {
+    STRATA_LOG(kError) << "http: could not answer: " << e.what();
+    return MHD_NO;
+  }
+}
+
+MHD_Result SendOrClose(MHD_Connection* connection, HttpServer::Response response) {
   MHD_Response* r;
   if (response.stream) {
+    // The response first: if it cannot be made, no producer is left
+    // waiting on a reader that never comes.
     auto* s = new Stream();
+    r = Mhd().create_response_from_callback(MHD_SIZE_UNKNOWN, 64 * 1024, StreamRead, s, StreamFree);
+    if (!r) {
+      delete s;
+      return MHD_NO;
+    }
     auto produce = std::move(response.stream);
     s->producer = std::thread([s, produce] {
       HttpServer::StreamWriter write = [s](std::string_view chunk) {
@@ -236,7 +256,6 @@ MHD_Result Send(MHD_Connection* connection, HttpServer::Response response) {
       s->done = true;
       s->cv.notify_all();
     });
-    r = Mhd().create_response_from_callback(MHD_SIZE_UNKNOWN, 64 * 1024, StreamRead, s, StreamFree);
   } else {
     r = Mhd().create_response_from_buffer(response.body.size(), response.body.data(), MHD_RESPMEM_MUST_COPY);
   }
@@ -324,15 +343,20 @@ MHD_Result Access(void* cls, MHD_Connection* connection, const char* url, const 
     const size_t n = *upload_size;
     *upload_size = 0;
     if (pending->upload) {
-      // After an error the rest is not read: the connection closes (an
-      // endless body must not keep a thread reading).
-      if (!pending->upload_error.ok()) return MHD_NO;
       impl->SetState(pending->conn, Conn::kUpload);  // it is moving
       pending->uploaded += n;
+      // After an error the rest is read and dropped, so the error can be
+      // the answer, but only up to the upload cap: past it the connection
+      // closes (an endless body must not keep a thread reading).
+      if (!pending->upload_error.ok()) return pending->uploaded > limits.max_upload_bytes ? MHD_NO : MHD_YES;
       if (pending->uploaded > limits.max_upload_bytes) {
         pending->upload_error = Error(EFBIG, StrCat("upload is larger than the server takes (", FormatBytes(limits.max_upload_bytes), ")"));
       } else {
-        pending->upload_error = pending->upload->Write(std::string_view(upload_data, n));
+        try {
+          pending->upload_error = pending->upload->Write(std::string_view(upload_data, n));
+        } catch (const std::exception& e) {
+          pending->upload_error = Error(EIO, StrCat("upload: ", e.what()));
+        }
       }
       if (!pending->upload_error.ok()) {
         pending->upload->Abort();

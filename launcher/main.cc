@@ -281,6 +281,8 @@ int main(int argc, char** argv) {
   token_new->add_option("--creates-per-s", new_tenant.limits.creates_per_second, "most creations per second");
   token_new->add_option("--store", new_tenant.limits.stores, "a store URL it may use besides the daemon's (repeatable)");
   token_new->add_option("--layers", new_tenant.limits.layers, "a layer name pattern it may use (repeatable; default any)");
+  token_new->add_option("--publish", new_tenant.limits.publish,
+                        "a tag name pattern it may publish snapshots under (repeatable; default none)");
   token_new->add_flag("--net-host", new_tenant.limits.net_host, "may ask for the host's network");
   auto* token_revoke = token_cmd->add_subcommand("revoke", "remove a tenant (takes effect on the daemon's SIGHUP)");
   token_revoke->add_option("NAME", tenant_name, "tenant name")->required();

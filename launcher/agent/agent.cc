@@ -876,7 +876,7 @@ Status SendTree(int conn, int dir, const std::string& prefix) {
       if (sub < 0) continue;
       UniqueFd owner(sub);
       entry["type"] = "dir";
-      STRATA_RETURN_IF_ERROR(WriteFrame(conn, Frame::kTreeEntry, entry.dump()));
+      STRATA_RETURN_IF_ERROR(WriteFrame(conn, Frame::kTreeEntry, entry.dump(-1, ' ', false, json::error_handler_t::replace)));
       STRATA_RETURN_IF_ERROR(SendTree(conn, sub, name));
     } else if (S_ISLNK(st.st_mode)) {
       char target[4096];
@@ -922,6 +922,17 @@ Status Agent::GetTree(int conn, const json& req) {
 }
 
 void Agent::HandleConnection(UniqueFd conn) {
+  // The agent is the sandbox's init: nothing a request brings (a name that
+  // is not UTF-8, memory running out) may end it.
+  try {
+    HandleRequest(conn.get());
+  } catch (const std::exception& e) {
+    SendError(conn.get(), Error(EIO, StrCat("agent: ", e.what()))).IgnoreError();
+  }
+}
+
+void Agent::HandleRequest(int fd) {
+  UniqueFd conn(::fcntl(fd, F_DUPFD_CLOEXEC, 0));  // (closed here; the caller's copy closes after)
   Frame type;
   std::string payload;
   if (!ReadFrame(conn.get(), &type, &payload).ok()) return;

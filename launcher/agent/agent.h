@@ -50,6 +50,7 @@ class Agent {
   };
 
   void HandleConnection(UniqueFd conn);
+  void HandleRequest(int conn);
   // Forks the command of an exec request; the error says which step failed.
   Result<Started> Start(const nlohmann::json& request, bool want_stdin);
   // Relays a started command's output to `emit` (1 stdout, 2 stderr; up to

@@ -16,9 +16,9 @@ Result<std::unique_ptr<IdempotencyKeys>> IdempotencyKeys::Open(const std::string
   LmdbEnv::Options o;
   // Sparse: kept exec answers (their output up to 2 MiB) are what fill it.
   o.map_size = size_t{4} << 30;
-  // Commits are writes into the shared map (no syscalls), kept by the page
-  // cache when the process dies; the file is sparse.
-  o.flags = MDB_NOSYNC | MDB_WRITEMAP | MDB_MAPASYNC;
+  // (Not a write map: on a full disk a write into the map is a SIGBUS,
+  // where a write(2) is an error this can answer.)
+  o.flags = MDB_NOSYNC;
   STRATA_ASSIGN_OR_RETURN(LmdbEnv env, LmdbEnv::Open(dir, o));
   MDB_dbi db;
   {

@@ -36,6 +36,9 @@ namespace {
 // Most sandboxes one bulk create makes, and how many it makes at once.
 constexpr int kMaxBulk = 1000;
 constexpr int kBulkParallel = 8;
+// Bounds of numbers a request gives (beyond them conversions overflow).
+constexpr int64_t kMaxTtlSeconds = int64_t{10} * 365 * 24 * 3600;
+constexpr int64_t kMaxTimeoutSeconds = int64_t{365} * 24 * 3600;
 // The most output an exec may keep per stream (a collected answer holds it).
 constexpr uint64_t kMaxOutputCap = uint64_t{64} << 20;
 // An idempotent exec's kept answer holds its output only up to this much
@@ -103,9 +106,13 @@ Result<SandboxSpec> ParseSpec(const json& j) {
         STRATA_ASSIGN_OR_RETURN(Duration d, ParseDuration(j["ttl"].get<std::string>()));
         spec.ttl_seconds = std::chrono::duration_cast<std::chrono::seconds>(d).count();
       } else {
-        spec.ttl_seconds = static_cast<int64_t>(j["ttl"].get<double>());
+        const double ttl = j["ttl"].get<double>();
+        if (!(ttl >= 0 && ttl <= kMaxTtlSeconds)) return Error(EINVAL, StrCat("create: ttl must be 0 to ", kMaxTtlSeconds, " seconds"));
+        spec.ttl_seconds = static_cast<int64_t>(ttl);
       }
-      if (spec.ttl_seconds < 0) return Error(EINVAL, "create: ttl must not be negative");
+      if (spec.ttl_seconds < 0 || spec.ttl_seconds > kMaxTtlSeconds) {
+        return Error(EINVAL, StrCat("create: ttl must be 0 to ", kMaxTtlSeconds, " seconds"));
+      }
     }
   } catch (const json::exception& e) {
     return Error(EINVAL, StrCat("create: ", e.what()));
@@ -124,7 +131,11 @@ Result<ExecRequest> ParseExec(const json& j) {
       if (j["timeout"].is_string()) {
         STRATA_ASSIGN_OR_RETURN(r.timeout, ParseDuration(j["timeout"].get<std::string>()));
       } else {
-        r.timeout = std::chrono::milliseconds(static_cast<int64_t>(j["timeout"].get<double>() * 1000));
+        const double seconds = j["timeout"].get<double>();
+        if (!(seconds >= 0 && seconds <= kMaxTimeoutSeconds)) {
+          return Error(EINVAL, StrCat("exec: timeout must be 0 (none) to ", kMaxTimeoutSeconds, " seconds"));
+        }
+        r.timeout = std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
       }
     }
     uint64_t cap = j.value("output_cap", uint64_t{1} << 20);
@@ -247,7 +258,13 @@ std::optional<Response> ClaimKey(IdempotencyKeys& keys, const Request& req, cons
   out->key = header->second;
   if (Status s = IdempotencyKeys::CheckKey(out->key); !s.ok()) return Fail(s);
   auto claim = keys.Begin(scope, out->key, Fingerprint(req, body), note);
-  if (!claim.ok()) return Fail(claim.status());
+  if (!claim.ok()) {
+    // The key store failed (full, a disk error): the call is served as if
+    // it had no key rather than refused; a retry may then repeat it.
+    STRATA_LOG(kWarn) << "idempotency key " << Quote(out->key) << " not kept: " << claim.status().ToString();
+    out->key.clear();
+    return std::nullopt;
+  }
   if (claim->kind == IdempotencyKeys::Claim::kMismatch) {
     Response r = Fail(Error(EINVAL, "Idempotency-Key " + Quote(out->key) + " was used for a different request"));
     r.status = 422;
@@ -347,8 +364,10 @@ Result<std::unique_ptr<LauncherServer>> LauncherServer::Start(const ServeOptions
   auto handler = [self](const Request& r) { return self->Handle(r); };
   auto upload = [self](const Request& r, std::optional<Response>* refusal) { return self->StartUpload(r, refusal); };
   HttpServer::Limits unix_limits = options.tcp_limits;
-  unix_limits.idle_timeout = unix_limits.request_timeout = Duration{0};  // root's own socket: no deadlines
   unix_limits.max_connections = 4096;
+  // Root's own socket (0600) has no deadlines; one that others may reach
+  // (a group, tokens) has the TCP listeners' idle and request deadlines.
+  if (mode == 0600) unix_limits.idle_timeout = unix_limits.request_timeout = Duration{0};
   STRATA_ASSIGN_OR_RETURN(s->unix_, HttpServer::Listen({.unix_path = options.socket_path, .mode = mode,
                                                         .limits = unix_limits, .handler = handler, .upload = upload}));
   if (s->group_ != static_cast<gid_t>(-1) && ::chown(options.socket_path.c_str(), 0, s->group_) != 0) {
@@ -516,6 +535,7 @@ Response LauncherServer::Route(const Request& req, const Caller& caller) {
   if (verb == "pause" && req.method == "POST") return status_reply(manager_.Pause(id));
   if (verb == "resume" && req.method == "POST") return status_reply(manager_.Resume(id));
   if (verb == "files" && req.method == "GET") {
+    if (Status s = manager_.CheckExec(id); !s.ok()) return Fail(s);  // a frozen agent would never answer
     auto path = req.query.find("path");
     Status ok = CheckSandboxPath(path == req.query.end() ? "" : path->second);
     if (!ok.ok()) return Fail(ok);
@@ -720,13 +740,22 @@ Response LauncherServer::Exec(const Request& req, const std::string& id, const j
   auto run = [this, id, key, scope, format, watch](ExecRequest request, const std::function<bool(std::string_view)>& emit) {
     std::string out, err;
     bool gone = false;
+    bool dropped = false;  // a keyed streamed answer past what a kept answer holds
     auto result = manager_.Exec(id, std::move(request), [&](int stream, std::string_view b) {
-      if (!key.empty()) (stream == 1 ? out : err).append(b);
       if (format == ExecFormat::kJson) {
-        if (key.empty()) (stream == 1 ? out : err).append(b);
-      } else if (!emit(EncodePiece(format, stream, b))) {
-        gone = true;
+        (stream == 1 ? out : err).append(b);  // the answer itself (bounded by output_cap)
+        return;
       }
+      if (!key.empty() && !dropped) {
+        if (out.size() + err.size() + b.size() > kMaxKeptOutput) {
+          dropped = true;
+          std::string().swap(out);
+          std::string().swap(err);
+        } else {
+          (stream == 1 ? out : err).append(b);
+        }
+      }
+      if (!emit(EncodePiece(format, stream, b))) gone = true;
     });
     json answer;
     if (result.ok()) {
@@ -739,12 +768,14 @@ Response LauncherServer::Exec(const Request& req, const std::string& id, const j
     gone |= ClientGone(watch->get());
     if (!key.empty()) {
       // Only a command that ran to its end, for a client still there, is
-      // an answer to keep; otherwise a retry runs it again.
-      json kept = answer;
-      if (out.size() + err.size() > kMaxKeptOutput) {
-        kept["stdout"] = kept["stderr"] = "";
-        kept["output_not_kept"] = true;
+      // an answer to keep; otherwise a retry runs it again. Its output is
+      // kept only up to kMaxKeptOutput.
+      const bool too_big = dropped || out.size() + err.size() > kMaxKeptOutput;
+      json kept = json::object();
+      for (const auto& [k, v] : answer.items()) {
+        if (!too_big || (k != "stdout" && k != "stderr")) kept[k] = v;
       }
+      if (too_big) kept["output_not_kept"] = true;
       if (!result.ok() || gone || !manager_.keys().Finish(scope, key, {200, kept}).ok()) manager_.keys().Release(scope, key);
     }
     return std::make_pair(result.status(), answer);
@@ -822,6 +853,7 @@ Response LauncherServer::Execs(const Request& req, const std::string& id, const 
     return status.ok() ? Json(*status) : Fail(status.status());
   }
   if (what == "wait" && req.method == "POST") {
+    if (Status s = manager_.CheckExec(id); !s.ok()) return Fail(s);
     double seconds = 30;
     if (auto t = query("timeout")) {
       char* end = nullptr;
@@ -900,8 +932,9 @@ Response LauncherServer::Snapshot(const Request& req, const std::string& id, con
     return Fail(Error(EINVAL, StrCat("snapshot: exclude: ", e.what())));
   }
   if (!body.contains("tag") || !body["tag"].is_string()) return Fail(Error(EINVAL, "snapshot: tag (NAME:VERSION) is required"));
-  // A tenant publishes only under names its layer patterns allow.
-  if (caller.tenant && !LayerAllowed(caller.tenant->limits, body["tag"].get<std::string>())) {
+  // A tenant publishes only under names its publish patterns allow (none
+  // by default): moving a tag others use would change their sandboxes.
+  if (caller.tenant && !PublishAllowed(caller.tenant->limits, body["tag"].get<std::string>())) {
     return Fail(Error(EPERM, StrCat("snapshot: tenant ", caller.scope(), " may not publish ", Quote(body["tag"].get<std::string>()))));
   }
   KeyGuard guard;
@@ -951,6 +984,7 @@ std::unique_ptr<HttpServer::Upload> LauncherServer::StartUpload(const Request& r
   if (!caller.ok()) return refuse(caller.status());
   if (id.empty() || id.find('/') != std::string::npos) return refuse(Error(ENOENT, "no API PUT " + req.path));
   if (Status s = CheckOwner(id, *caller); !s.ok()) return refuse(s);
+  if (Status s = manager_.CheckExec(id); !s.ok()) return refuse(s);  // a frozen agent would never answer
   manager_.Touch(id);
   auto path = req.query.find("path");
   const std::string p = path == req.query.end() ? "" : path->second;

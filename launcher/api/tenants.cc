@@ -113,12 +113,14 @@ Result<Tenant> ParseTenantLine(std::string_view line) {
       t.limits.stores = SplitList(value);
     } else if (key == "layers") {
       t.limits.layers = SplitList(value);
+    } else if (key == "publish") {
+      t.limits.publish = SplitList(value);
     } else if (key == "net_host") {
       if (value != "yes" && value != "no") return Error(EINVAL, "tenant " + t.name + ": net_host must be yes or no");
       t.limits.net_host = value == "yes";
     } else {
       return Error(EINVAL, "tenant " + t.name + ": unknown limit " + Quote(key) +
-                               " (max_sandboxes, creates_per_s, stores, layers, net_host)");
+                               " (max_sandboxes, creates_per_s, stores, layers, publish, net_host)");
     }
   }
   return t;
@@ -134,6 +136,7 @@ std::string FormatTenantLine(const Tenant& t) {
   }
   if (!t.limits.stores.empty()) out += " stores=" + Join(t.limits.stores, ",");
   if (!t.limits.layers.empty()) out += " layers=" + Join(t.limits.layers, ",");
+  if (!t.limits.publish.empty()) out += " publish=" + Join(t.limits.publish, ",");
   if (t.limits.net_host) out += " net_host=yes";
   return out;
 }
@@ -229,6 +232,14 @@ int TenantTable::TakeCreations(const Tenant& tenant, int n) {
   int got = std::min(n, static_cast<int>(b.tokens));
   b.tokens -= got;
   return got;
+}
+
+bool PublishAllowed(const TenantLimits& limits, const std::string& tag) {
+  const std::string name = tag.substr(0, tag.find(':'));
+  for (const auto& pattern : limits.publish) {
+    if (::fnmatch(pattern.c_str(), name.c_str(), 0) == 0) return true;
+  }
+  return false;
 }
 
 bool LayerAllowed(const TenantLimits& limits, const std::string& ref) {

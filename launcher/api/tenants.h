@@ -22,6 +22,10 @@ struct TenantLimits {
   std::vector<std::string> stores;  // store URLs it may use besides the daemon's --store list
   std::vector<std::string> layers;  // fnmatch patterns of layer names it may use; empty: any
   bool net_host = false;            // may ask for --net host
+  // Tag names it may publish snapshots under (fnmatch on NAME of
+  // NAME:VERSION); empty: it may not publish. Kept apart from `layers`:
+  // using a shared tag is not moving it.
+  std::vector<std::string> publish;
 };
 
 struct Tenant {
@@ -31,7 +35,8 @@ struct Tenant {
 };
 
 // "NAME sha256:HEX [max_sandboxes=N] [creates_per_s=R] [stores=URL,...]
-// [layers=PATTERN,...] [net_host=yes]"; '#' starts a comment line.
+// [layers=PATTERN,...] [publish=PATTERN,...] [net_host=yes]"; '#' starts a
+// comment line.
 Result<Tenant> ParseTenantLine(std::string_view line);
 std::string FormatTenantLine(const Tenant& tenant);
 
@@ -80,5 +85,7 @@ class TenantTable {
 // the limits allow: by its name against the patterns; a bare digest only
 // when there are no patterns (it names no name to check).
 bool LayerAllowed(const TenantLimits& limits, const std::string& ref);
+// Whether a snapshot tag ("NAME:VERSION") is one the tenant may publish.
+bool PublishAllowed(const TenantLimits& limits, const std::string& tag);
 
 }  // namespace strata::launcher

@@ -158,7 +158,7 @@ def make_node(extra=()):
         subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
                         "-keyout", n.key, "-out", n.cert, "-days", "2", "-subj", "/CN=127.0.0.1", "-addext",
                         "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True)
-        n.tenant = n.token("trainer")
+        n.tenant = n.token("trainer", "--publish", "trainer-*")
         n.other = n.token("other")
         n.start()
     except BaseException:

@@ -116,6 +116,13 @@ def test_errors_are_typed(node):
                 theirs.get(sb.id)
             with pytest.raises(strata.NotFound):
                 theirs.attach(sb.id, "ex-1").status()
+            # Publishing: only under the tenant's publish patterns, so never over
+            # a shared tag; a tenant without patterns may not publish at all.
+            with pytest.raises(strata.Forbidden):
+                sb.snapshot("busybox:1")
+        with theirs.create(layers=["busybox:1"]) as other_sb:
+            with pytest.raises(strata.Forbidden):
+                other_sb.snapshot("other-snap:1")
         with pytest.raises(strata.Forbidden):
             mine.create(layers=["busybox:1"], network="host")
         with pytest.raises(strata.Forbidden):
