@@ -26,6 +26,15 @@ constexpr Duration kControlReplyTimeout = std::chrono::seconds(10);
 
 }  // namespace
 
+short HangupEvents(int fd) {
+  int domain = 0;
+  socklen_t len = sizeof domain;
+  if (::getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &domain, &len) == 0 && (domain == AF_INET || domain == AF_INET6)) return POLLRDHUP;
+  return 0;
+}
+
+bool HungUp(const pollfd& p) { return p.revents & (POLLHUP | POLLERR | POLLNVAL | (p.events & POLLRDHUP)); }
+
 json ExecResultJson(const ExecResult& r) {
   return {{"exit_code", r.exit_code},           {"signal", r.signal},
           {"timed_out", r.timed_out},           {"stdout_bytes", r.stdout_bytes},
@@ -127,10 +136,10 @@ Result<ExecResult> AgentClient::Exec(const ExecRequest& request, const OutputSin
     if (request.cancel_fd >= 0) {
       // Only a full close counts (POLLHUP; always reported): a caller that
       // half-closes after its request still wants the answer.
-      pollfd p[2] = {{fd.get(), POLLIN, 0}, {request.cancel_fd, 0, 0}};
+      pollfd p[2] = {{fd.get(), POLLIN, 0}, {request.cancel_fd, HangupEvents(request.cancel_fd), 0}};
       while (::poll(p, 2, -1) < 0 && errno == EINTR) {
       }
-      if (!(p[0].revents & POLLIN) && (p[1].revents & (POLLHUP | POLLERR | POLLNVAL))) {
+      if (!(p[0].revents & POLLIN) && HungUp(p[1])) {
         return Error(ECANCELED, StrCat("exec ", request.argv[0], ": abandoned, the caller went away"));
       }
     }
@@ -312,10 +321,10 @@ Result<std::optional<ExecResult>> AgentClient::Attach(const std::string& exec_id
   STRATA_RETURN_IF_ERROR(WriteFrame(fd.get(), Frame::kAttach, req.dump()));
   while (true) {
     if (cancel_fd >= 0) {
-      pollfd p[2] = {{fd.get(), POLLIN, 0}, {cancel_fd, 0, 0}};
+      pollfd p[2] = {{fd.get(), POLLIN, 0}, {cancel_fd, HangupEvents(cancel_fd), 0}};
       while (::poll(p, 2, -1) < 0 && errno == EINTR) {
       }
-      if (!(p[0].revents & POLLIN) && (p[1].revents & (POLLHUP | POLLERR | POLLNVAL))) {
+      if (!(p[0].revents & POLLIN) && HungUp(p[1])) {
         return Error(ECANCELED, "attach " + exec_id + ": the caller went away");  // the command runs on
       }
     }

@@ -1,6 +1,8 @@
 // The launcher's side of the agent protocol (agent/protocol.h).
 #pragma once
 
+#include <poll.h>
+
 #include <functional>
 #include <memory>
 #include <optional>
@@ -53,6 +55,13 @@ nlohmann::json ExecResultJson(const ExecResult& r);
 Result<ExecResult> ParseExitFrame(std::string_view payload);
 Status ParseErrorFrame(std::string_view payload);
 
+// The poll events that say the client on `fd` went away: a hang-up; and
+// on TCP also the peer's FIN (POLLRDHUP), since an HTTP client never
+// half-closes and a TCP socket whose peer closed reports no hang-up until
+// it is written to. (On a unix socket a half-close still wants its answer.)
+short HangupEvents(int fd);
+bool HungUp(const pollfd& p);
+
 // Called with each piece of output as it arrives: 1 = stdout, 2 = stderr.
 using OutputSink = std::function<void(int stream, std::string_view bytes)>;
 
@@ -76,13 +85,13 @@ class AgentClient {
     Status Write(std::string_view piece);
     Status Finish();
     // Keeps `owner` (the sandbox) alive as long as the stream.
-    void Keep(std::shared_ptr<void> owner) { keep_ = std::move(owner); }
+    void Keep(std::shared_ptr<void> owner) { keep_.push_back(std::move(owner)); }
 
    private:
     friend class AgentClient;
     UniqueFd fd_;
     std::string path_;
-    std::shared_ptr<void> keep_;
+    std::vector<std::shared_ptr<void>> keep_;
   };
   Result<std::unique_ptr<PutStream>> BeginPut(const std::string& path, uint32_t mode,
                                               std::optional<std::pair<uint32_t, uint32_t>> owner);
@@ -98,13 +107,13 @@ class AgentClient {
     Status Data(std::string_view bytes);
     Status EndFile();
     Result<nlohmann::json> Finish();
-    void Keep(std::shared_ptr<void> owner) { keep_ = std::move(owner); }
+    void Keep(std::shared_ptr<void> owner) { keep_.push_back(std::move(owner)); }
 
    private:
     friend class AgentClient;
     UniqueFd fd_;
     std::string path_;
-    std::shared_ptr<void> keep_;
+    std::vector<std::shared_ptr<void>> keep_;
   };
   Result<std::unique_ptr<TreeStream>> BeginPutTree(const std::string& path);
   // The tree below `path`, never following a link: `on_entry` for each

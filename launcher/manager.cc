@@ -532,6 +532,16 @@ Status SandboxManager::SignalExec(const std::string& id, const std::string& exec
   return sb->agent().SignalExec(exec_id, signal);
 }
 
+std::shared_ptr<void> SandboxManager::Hold(const std::string& id) {
+  auto entry = Find(id);
+  if (!entry.ok()) return nullptr;
+  ++(*entry)->busy;
+  return std::shared_ptr<void>(nullptr, [e = *entry](void*) {
+    e->last_call_ms = NowMs();
+    --e->busy;
+  });
+}
+
 void SandboxManager::Touch(const std::string& id) {
   auto entry = Find(id);
   if (entry.ok()) (*entry)->last_call_ms = NowMs();
@@ -546,6 +556,9 @@ void SandboxManager::ReapExpired() {
     }
   }
   for (const auto& id : expired) {
+    // (Checked again: a call may have begun since.)
+    auto entry = Find(id);
+    if (!entry.ok() || (*entry)->busy.load() > 0 || (*entry)->ExpiresInMs() > 0) continue;
     STRATA_LOG(kInfo) << "sandbox " << id << ": its ttl passed with no call; destroying it";
     Status s = Destroy(id);
     if (!s.ok() && s.code() != ENOENT) STRATA_LOG(kWarn) << "destroy expired sandbox " << id << ": " << s.ToString();

@@ -52,6 +52,10 @@ class SandboxManager {
 
   // A call on the sandbox: its ttl counts from now.
   void Touch(const std::string& id);
+  // A call in progress that outlives the handler (a streamed transfer):
+  // the ttl does not run out while the returned holder lives, and counts
+  // from when it goes. Null when there is no such sandbox.
+  std::shared_ptr<void> Hold(const std::string& id);
   Status Put(const std::string& id, const std::string& path, std::string_view data, uint32_t mode);
   // The agent of a container sandbox (for transfers the API layer drives).
   Result<AgentClient> AgentOf(const std::string& id, const char* what);

@@ -198,8 +198,8 @@ uint64_t MemAvailable() {
 
 bool ClientGone(int fd) {
   if (fd < 0) return false;
-  pollfd p{fd, 0, 0};
-  return ::poll(&p, 1, 0) == 1 && (p.revents & (POLLHUP | POLLERR));
+  pollfd p{fd, HangupEvents(fd), 0};
+  return ::poll(&p, 1, 0) == 1 && HungUp(p);
 }
 
 std::string Fingerprint(const Request& req, json body) {
@@ -545,7 +545,7 @@ Response LauncherServer::Route(const Request& req, const Caller& caller) {
       if (Status s = CheckTree(*agent, path->second); !s.ok()) return Fail(s);
       Response r;
       r.content_type = "application/x-tar";
-      r.stream = [agent = *agent, dir = path->second](const HttpServer::StreamWriter& write) mutable {
+      r.stream = [agent = *agent, dir = path->second, hold = manager_.Hold(id)](const HttpServer::StreamWriter& write) mutable {
         TreeToTar(agent, dir, write).IgnoreError();  // (an error past the headers can only cut the stream)
       };
       return r;
@@ -561,7 +561,8 @@ Response LauncherServer::Route(const Request& req, const Caller& caller) {
     Response r;
     r.content_type = "application/octet-stream";
     r.headers.emplace_back("X-Strata-File-Size", std::to_string((*file)->size()));
-    r.stream = [file = std::shared_ptr<AgentClient::GetStream>(std::move(*file))](const HttpServer::StreamWriter& write) {
+    r.stream = [file = std::shared_ptr<AgentClient::GetStream>(std::move(*file)), hold = manager_.Hold(id)](
+                   const HttpServer::StreamWriter& write) {
       std::string piece;
       while (true) {
         auto more = file->Next(&piece);
@@ -1001,6 +1002,7 @@ std::unique_ptr<HttpServer::Upload> LauncherServer::StartUpload(const Request& r
     if (!agent.ok()) return refuse(agent.status());
     auto tree = agent->BeginPutTree(p);
     if (!tree.ok()) return refuse(tree.status());
+    (*tree)->Keep(manager_.Hold(id));
     auto upload = TarUpload(std::move(*tree));
     if (!upload.ok()) return refuse(upload.status());
     return std::move(*upload);
@@ -1009,6 +1011,7 @@ std::unique_ptr<HttpServer::Upload> LauncherServer::StartUpload(const Request& r
   }
   auto stream = manager_.BeginPut(id, p, mode);
   if (!stream.ok()) return refuse(stream.status());
+  (*stream)->Keep(manager_.Hold(id));
   return std::make_unique<FileUpload>(std::move(*stream));
 }
 

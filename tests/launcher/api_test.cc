@@ -443,6 +443,36 @@ TEST_F(ApiTest, HostileClientsGetClearRefusalsAndCannotStarveOthers) {
   EXPECT_EQ(after.exit_code, 0);
 }
 
+TEST_F(ApiTest, ATcpClientThatGoesAwayAbandonsItsCommand) {
+  ServePlain();
+  LauncherClient bob(DaemonAddress{StrCat("http://127.0.0.1:", plain_port_), bob_, ""});
+  ASSERT_OK_AND_ASSIGN(auto made, bob.Raw("POST", "/v1/sandboxes", CreateBody().dump()));
+  ASSERT_EQ(made.status, 201) << made.body;
+  const std::string id = json::parse(made.body)["id"];
+  auto running = [&] {
+    std::string out;
+    auto r = client_->Exec(id, {{"argv", {"sh", "-c", "ps -o args | grep -c '^sleep 61'"}}}, [&](int, std::string_view b) { out += b; });
+    return r.ok() && out != "0\n";
+  };
+  for (bool stream : {false, true}) {
+    const std::string body = json{{"argv", {"sleep", "61"}}, {"stream", stream}}.dump();
+    UniqueFd fd = Connect(plain_port_);
+    ASSERT_TRUE(fd);
+    std::string req = StrCat("POST /v1/sandboxes/", id, "/exec HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ", bob_,
+                             "\r\nContent-Length: ", body.size(), "\r\n\r\n", body);
+    ASSERT_OK(WriteFull(fd.get(), req));
+    for (int i = 0; i < 100 && !running(); ++i) std::this_thread::sleep_for(50ms);
+    ASSERT_TRUE(running()) << "the command did not start";
+    fd.reset();  // the client goes away (a FIN, no hang-up on the daemon's side)
+    bool gone = false;
+    for (int i = 0; i < 100 && !gone; ++i) {
+      std::this_thread::sleep_for(50ms);
+      gone = !running();
+    }
+    EXPECT_TRUE(gone) << "the abandoned command still runs (stream " << stream << ")";
+  }
+}
+
 TEST_F(ApiTest, ConnectionsPerClientAreCapped) {
   ServePlain({"--max-connections-per-client", "8"});
   std::vector<UniqueFd> held;
