@@ -117,7 +117,12 @@ static int Body(int argc, char** argv) {
                                             .stderr_mode = StdStream::kFile, .stderr_file = dir.Sub("daemon.log")})));
     launcher::LauncherClient probe(socket);
     for (int i = 0; i < 500 && !probe.Alive(); ++i) ::usleep(10000);
-    std::string log = ReadFileToString(dir.Sub("daemon.log")).value_or("");
+    // (The unix socket answers before the TCP listener is announced.)
+    std::string log;
+    for (int i = 0; i < 500 && log.find("serving on http") == std::string::npos; ++i) {
+      log = ReadFileToString(dir.Sub("daemon.log")).value_or("");
+      ::usleep(10000);
+    }
     std::smatch m;
     if (!std::regex_search(log, m, std::regex("serving on (https?://127\\.0\\.0\\.1:[0-9]+)"))) {
       Check(Error(EIO, "the daemon did not start: " + log));

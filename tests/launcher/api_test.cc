@@ -95,7 +95,8 @@ class ApiTest : public DaemonFixture {
     ::truncate(dir_.Sub("daemon.log").c_str(), 0);
     StartDaemon(argv);
     if (HasFatalFailure()) return;
-    std::string log = ReadFileToString(dir_.Sub("daemon.log")).value_or("");
+    // The unix socket answers before the TCP listeners are announced.
+    std::string log = WaitForLog("serving on https://");
     std::regex https("serving on https://127\\.0\\.0\\.1:([0-9]+)");
     for (std::sregex_iterator it(log.begin(), log.end(), https), end; it != end; ++it) ports_.push_back(std::stoi((*it)[1]));
     ASSERT_EQ(ports_.size(), 1u) << log;
@@ -108,10 +109,21 @@ class ApiTest : public DaemonFixture {
     ::truncate(dir_.Sub("daemon.log").c_str(), 0);
     StartDaemon(argv);
     if (HasFatalFailure()) return;
-    std::string log = ReadFileToString(dir_.Sub("daemon.log")).value_or("");
+    std::string log = WaitForLog("serving on http://");
     std::smatch m;
     ASSERT_TRUE(std::regex_search(log, m, std::regex("serving on http://127\\.0\\.0\\.1:([0-9]+)"))) << log;
     plain_port_ = static_cast<uint16_t>(std::stoi(m[1]));
+  }
+
+  // The daemon's log once it holds `text` (or after 5 s).
+  std::string WaitForLog(const std::string& text) {
+    std::string log;
+    for (int i = 0; i < 500; ++i) {
+      log = ReadFileToString(dir_.Sub("daemon.log")).value_or("");
+      if (log.find(text) != std::string::npos) break;
+      std::this_thread::sleep_for(10ms);
+    }
+    return log;
   }
 
   std::string Https() const { return StrCat("https://127.0.0.1:", ports_.at(0)); }
