@@ -560,28 +560,22 @@ Result<std::unique_ptr<HttpServer>> HttpServer::Listen(Options options) {
   // twice the header cap leaves room for both.
   const size_t pool = std::max<size_t>(l.max_header_bytes * 2, 8192);
   const unsigned per_client = tcp ? l.max_per_client : 0;  // (0: none)
-  impl->daemon = tls ? Mhd().start_daemon(flags, 0, nullptr, nullptr, Access, impl,
-                                          MHD_OPTION_LISTEN_SOCKET, fd.get(),
-                                          MHD_OPTION_NOTIFY_COMPLETED, Completed, impl,
-                                          MHD_OPTION_NOTIFY_CONNECTION, ConnectionEvent, impl,
-                                          MHD_OPTION_URI_LOG_CALLBACK, UriStarted, impl,
-                                          MHD_OPTION_CONNECTION_TIMEOUT, 0u,
-                                          MHD_OPTION_CONNECTION_LIMIT, l.max_connections,
-                                          MHD_OPTION_PER_IP_CONNECTION_LIMIT, per_client,
-                                          MHD_OPTION_CONNECTION_MEMORY_LIMIT, pool,
-                                          MHD_OPTION_HTTPS_MEM_CERT, impl->options.tls_cert_pem.c_str(),
-                                          MHD_OPTION_HTTPS_MEM_KEY, impl->options.tls_key_pem.c_str(),
-                                          MHD_OPTION_END)
-                      : Mhd().start_daemon(flags, 0, nullptr, nullptr, Access, impl,
-                                          MHD_OPTION_LISTEN_SOCKET, fd.get(),
-                                          MHD_OPTION_NOTIFY_COMPLETED, Completed, impl,
-                                          MHD_OPTION_NOTIFY_CONNECTION, ConnectionEvent, impl,
-                                          MHD_OPTION_URI_LOG_CALLBACK, UriStarted, impl,
-                                          MHD_OPTION_CONNECTION_TIMEOUT, 0u,
-                                          MHD_OPTION_CONNECTION_LIMIT, l.max_connections,
-                                          MHD_OPTION_PER_IP_CONNECTION_LIMIT, per_client,
-                                          MHD_OPTION_CONNECTION_MEMORY_LIMIT, pool,
-                                          MHD_OPTION_END);
+  // TLS's options, when there is TLS, through one option array.
+  MHD_OptionItem tls_options[] = {
+      {tls ? MHD_OPTION_HTTPS_MEM_CERT : MHD_OPTION_END, 0, const_cast<char*>(impl->options.tls_cert_pem.c_str())},
+      {MHD_OPTION_HTTPS_MEM_KEY, 0, const_cast<char*>(impl->options.tls_key_pem.c_str())},
+      {MHD_OPTION_END, 0, nullptr}};
+  impl->daemon = Mhd().start_daemon(flags, 0, nullptr, nullptr, Access, impl,
+                                    MHD_OPTION_LISTEN_SOCKET, fd.get(),
+                                    MHD_OPTION_NOTIFY_COMPLETED, Completed, impl,
+                                    MHD_OPTION_NOTIFY_CONNECTION, ConnectionEvent, impl,
+                                    MHD_OPTION_URI_LOG_CALLBACK, UriStarted, impl,
+                                    MHD_OPTION_CONNECTION_TIMEOUT, 0u,
+                                    MHD_OPTION_CONNECTION_LIMIT, l.max_connections,
+                                    MHD_OPTION_PER_IP_CONNECTION_LIMIT, per_client,
+                                    MHD_OPTION_CONNECTION_MEMORY_LIMIT, pool,
+                                    MHD_OPTION_ARRAY, tls_options,
+                                    MHD_OPTION_END);
   if (!impl->daemon) {
     if (!server->unix_path_.empty()) ::unlink(server->unix_path_.c_str());
     server->unix_path_.clear();

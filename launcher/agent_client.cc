@@ -280,18 +280,12 @@ Result<bool> AgentClient::GetStream::Next(std::string* piece) {
 }
 
 Result<std::string> AgentClient::Get(const std::string& path) {
-  STRATA_ASSIGN_OR_RETURN(int raw, Connect());
-  UniqueFd fd(raw);
-  STRATA_RETURN_IF_ERROR(WriteFrame(fd.get(), Frame::kGet, json{{"path", path}}.dump()));
-  Frame type;
-  std::string payload, data;
-  STRATA_RETURN_IF_ERROR(ReadFrame(fd.get(), &type, &payload));
-  if (type == Frame::kError) return ParseErrorFrame(payload);
+  STRATA_ASSIGN_OR_RETURN(auto stream, OpenGet(path));
+  std::string data, piece;
   while (true) {
-    STRATA_RETURN_IF_ERROR(ReadFrame(fd.get(), &type, &payload));
-    if (type == Frame::kDataEnd) return data;
-    if (type == Frame::kError) return ParseErrorFrame(payload);
-    data += payload;
+    STRATA_ASSIGN_OR_RETURN(bool more, stream->Next(&piece));
+    if (!more) return data;
+    data += piece;
   }
 }
 

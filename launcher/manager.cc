@@ -565,16 +565,6 @@ void SandboxManager::ReapExpired() {
   }
 }
 
-Status SandboxManager::Put(const std::string& id, const std::string& path, std::string_view data, uint32_t mode) {
-  STRATA_ASSIGN_OR_RETURN(auto entry, Find(id));
-  std::shared_ptr<Sandbox> sb;
-  {
-    std::lock_guard lock(entry->mu);
-    STRATA_ASSIGN_OR_RETURN(sb, Container(*entry, "put"));
-  }
-  return sb->agent().Put(path, data, mode, std::nullopt);
-}
-
 // A call in progress on an entry: its ttl does not run out under it, and
 // counts again from when it ends.
 SandboxManager::EntryBusy::EntryBusy(Entry& e) : entry(e) { ++entry.busy; }
@@ -602,16 +592,6 @@ Result<std::unique_ptr<AgentClient::PutStream>> SandboxManager::BeginPut(const s
   STRATA_ASSIGN_OR_RETURN(auto stream, sb->agent().BeginPut(path, mode, std::nullopt));
   stream->Keep(sb);
   return stream;
-}
-
-Result<std::string> SandboxManager::Get(const std::string& id, const std::string& path) {
-  STRATA_ASSIGN_OR_RETURN(auto entry, Find(id));
-  std::shared_ptr<Sandbox> sb;
-  {
-    std::lock_guard lock(entry->mu);
-    STRATA_ASSIGN_OR_RETURN(sb, Container(*entry, "get"));
-  }
-  return sb->agent().Get(path);
 }
 
 Status SandboxManager::Pause(const std::string& id) {

@@ -56,12 +56,10 @@ class SandboxManager {
   // the ttl does not run out while the returned holder lives, and counts
   // from when it goes. Null when there is no such sandbox.
   std::shared_ptr<void> Hold(const std::string& id);
-  Status Put(const std::string& id, const std::string& path, std::string_view data, uint32_t mode);
   // The agent of a container sandbox (for transfers the API layer drives).
   Result<AgentClient> AgentOf(const std::string& id, const char* what);
   // Starts a file upload streamed to the sandbox piece by piece.
   Result<std::unique_ptr<AgentClient::PutStream>> BeginPut(const std::string& id, const std::string& path, uint32_t mode);
-  Result<std::string> Get(const std::string& id, const std::string& path);
   Status Pause(const std::string& id);
   Status Resume(const std::string& id);
   // Freezes the sandbox while its upper volume is snapshotted, thaws it,

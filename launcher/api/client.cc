@@ -53,21 +53,15 @@ Result<HttpAnswer> LauncherClient::Raw(const std::string& method, const std::str
 
 Result<std::string> LauncherClient::Call(const std::string& method, const std::string& path, std::string_view body,
                                          const std::function<bool(std::string_view)>& sink) {
-  cache::HttpRequest r;
-  r.method = method;
-  r.url = base_ + path;
-  r.body = body;
-  r.sink = sink;
-  r.any_status = true;
-  if (!address_.token.empty()) r.headers.push_back("Authorization: Bearer " + address_.token);
-  STRATA_ASSIGN_OR_RETURN(cache::HttpResponse response, http_->Perform(r, method + " " + path));
-  if (response.status / 100 != 2) {
-    json j = json::parse(response.body, nullptr, false);
-    std::string message = j.is_object() && j.contains("error") ? j["error"].get<std::string>() : response.status_line;
+  STRATA_ASSIGN_OR_RETURN(HttpAnswer answer, Raw(method, path, body, {}, sink));
+  if (answer.status / 100 != 2) {
+    json j = json::parse(answer.body, nullptr, false);
+    std::string message = j.is_object() && j.contains("error") ? j["error"].get<std::string>()
+                                                                : StrCat("launcher daemon: ", method, " ", path, ": HTTP ", answer.status);
     int code = j.is_object() && j.contains("errno") && j["errno"].is_number_integer() ? j["errno"].get<int>() : EIO;
     return Error(code, message);
   }
-  return response.body;
+  return std::move(answer.body);
 }
 
 // Any HTTP answer counts (a 401 too): the caller's next call then says

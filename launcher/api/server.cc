@@ -429,12 +429,12 @@ Status LauncherServer::CheckOwner(const std::string& id, const Caller& caller) {
 }
 
 Status LauncherServer::Admit(const Caller& caller) {
+  const uint64_t available = options_.memory_reserve > 0 ? MemAvailable() : 0;  // (read before the lock)
   std::lock_guard lock(admission_mu_);
   if (options_.max_sandboxes > 0 && static_cast<int64_t>(manager_.Count()) + creating_ >= options_.max_sandboxes) {
     return Error(EAGAIN, StrCat("node full: ", options_.max_sandboxes, " sandboxes (--max-sandboxes); retry later or elsewhere"));
   }
   if (options_.memory_reserve > 0) {
-    const uint64_t available = MemAvailable();
     if (available < options_.memory_reserve) {
       return Error(EAGAIN, StrCat("node low on memory: ", FormatBytes(available), " available, below the reserve of ",
                                   FormatBytes(options_.memory_reserve), " (--memory-reserve)"));

@@ -15,7 +15,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import httpx
 
-from .errors import ConnectionFailed, NodeBusy, NotFound, RateLimited, RequestTimeout, SandboxError, error_for
+from .errors import ConnectionFailed, NodeBusy, RateLimited, RequestTimeout, SandboxError, error_for
 
 DEFAULT_URL = "unix:///run/strata/launcher.sock"
 # Connection errors and these statuses are retried (with the same
