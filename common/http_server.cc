@@ -508,7 +508,8 @@ int HttpServer::HttpStatusFor(int err) {
     case EACCES:
     case EPERM: return 403;
     case EEXIST:
-    case EBUSY: return 409;
+    case EBUSY:
+    case EBADSLT: return 409;  // (a state that does not allow the change)
     case EFBIG: return 413;
     case EUSERS: return 429;   // a tenant's limit
     case EDQUOT:

@@ -261,6 +261,32 @@ DoctorCheck CheckUppers(const NodeConfig& node, const DoctorOptions& options) {
   return c;
 }
 
+// Sandbox networks (modes allow and open) route through the node.
+DoctorCheck CheckForwarding(bool fix) {
+  DoctorCheck c{"sandbox networks", false, false, ""};
+  const char* path = "/proc/sys/net/ipv4/ip_forward";
+  auto on = [&] {
+    auto v = ReadFileToString(path);
+    return v.ok() && !v->empty() && (*v)[0] == '1';
+  };
+  if (on()) {
+    c.ok = true;
+    c.detail = "IPv4 forwarding is on";
+    return c;
+  }
+  if (fix) {
+    if (FILE* f = std::fopen(path, "w")) {
+      std::fputs("1\n", f);
+      std::fclose(f);
+    }
+    c.ok = c.fixed = on();
+    c.detail = c.ok ? "turned IPv4 forwarding on (net.ipv4.ip_forward=1; persist it in /etc/sysctl.d)" : "could not turn IPv4 forwarding on";
+    return c;
+  }
+  c.detail = "IPv4 forwarding is off (net.ipv4.ip_forward=0): modes allow and open need it (`launcher doctor --fix`)";
+  return c;
+}
+
 }  // namespace
 
 std::vector<DoctorCheck> RunDoctor(const NodeConfig& node, const DoctorOptions& options) {
@@ -277,6 +303,7 @@ std::vector<DoctorCheck> RunDoctor(const NodeConfig& node, const DoctorOptions& 
   checks.push_back(CheckCgroupMoves(options.fix));
   checks.push_back(CheckSeccomp());
   checks.push_back(CheckUppers(node, options));
+  checks.push_back(CheckForwarding(options.fix));
   bool agent = !node.agent_binary.empty() && ::access(node.agent_binary.c_str(), X_OK) == 0;
   checks.push_back({"agent", agent, false, agent ? node.agent_binary : "strata-agent not found (set STRATA_AGENT)"});
   return checks;

@@ -62,7 +62,7 @@ int Report(const ExecResult& r, uint64_t cap, uint64_t memory) {
 json SpecJson(const SandboxSpec& s) {
   return {{"layers", s.layers}, {"store", s.store}, {"backend", s.backend}, {"cpus", s.limits.cpus},
           {"memory", s.limits.memory}, {"pids", s.limits.pids}, {"disk", s.disk},
-          {"network", s.host_network ? "host" : "none"}, {"env", s.env}, {"workdir", s.workdir}};
+          {"network", s.network.ToJson()}, {"env", s.env}, {"workdir", s.workdir}};
 }
 
 json ExecJson(const ExecRequest& r) {
@@ -199,7 +199,8 @@ int main(int argc, char** argv) {
   NodeConfig node = NodeConfig::FromEnvironment();
   SandboxSpec spec;
   ExecRequest request;
-  std::string memory, disk = "10G", timeout, runtime, net = "none", output_cap = "1M", token_file;
+  std::vector<std::string> allow;
+  std::string memory, disk = "10G", timeout, runtime, net, output_cap = "1M", token_file;
   auto env_or = [](const char* name, const char* fallback) { return std::string(std::getenv(name) ? std::getenv(name) : fallback); };
   std::string socket = env_or("STRATA_LAUNCHER_SOCKET", kDefaultLauncherSocket);
   std::string url = env_or("STRATA_URL", ""), token = env_or("STRATA_TOKEN", ""), ca = env_or("STRATA_CA", "");
@@ -216,7 +217,8 @@ int main(int argc, char** argv) {
     c->add_option("--memory", memory, "memory limit, e.g. 512M");
     c->add_option("--pids", pids, "process limit");
     c->add_option("--disk", disk, "size cap of the writable layer")->capture_default_str();
-    c->add_option("--net", net, "none (loopback only) or host")->capture_default_str();
+    c->add_option("--net", net, "none (loopback only, the default), allow (only --allow), open (public addresses), host");
+    c->add_option("--allow", allow, "with --net allow: DOMAIN, *.DOMAIN, ADDR or CIDR, each with an optional :PORT (repeatable)");
     c->add_option("--runtime", runtime, "OCI runtime (default crun, or $STRATA_RUNTIME)");
     c->add_option("--env", spec.env, "K=V for commands");
     c->add_option("--workdir", spec.workdir, "working directory of commands")->capture_default_str();
@@ -270,6 +272,14 @@ int main(int argc, char** argv) {
   serve->add_option("--max-body", max_body, "largest request body (uploads excepted)")->capture_default_str();
   serve->add_option("--max-upload", max_upload, "largest file upload")->capture_default_str();
 
+  std::string net_pool = "10.213.0.0/16", dns_upstream;
+  std::vector<std::string> allow_private;
+  uint32_t dns_grace = 5;
+  serve->add_option("--net-pool", net_pool, "addresses of sandbox networks (.1 is their gateway and DNS proxy)")->capture_default_str();
+  serve->add_option("--dns-upstream", dns_upstream, "resolver for sandboxes' admitted names, ADDR[:PORT] (default: /etc/resolv.conf's)");
+  serve->add_option("--dns-grace", dns_grace, "seconds a resolved address stays admitted past its TTL")->capture_default_str();
+  serve->add_option("--allow-private", allow_private, "a private range (CIDR) sandbox networks may reach (repeatable)");
+
   auto* token_cmd = app.add_subcommand("token", "add or revoke a tenant's API token in a tokens file");
   token_cmd->require_subcommand(1);
   std::string tenant_name, tokens_path;
@@ -292,6 +302,12 @@ int main(int argc, char** argv) {
   sandbox_flags(create);
   client_flags(create);
   std::string id;
+  auto* net_cmd = app.add_subcommand("net", "show or change a sandbox's network policy (task phases)");
+  std::string net_mode;
+  net_cmd->add_option("ID", id, "sandbox id")->required();
+  net_cmd->add_option("--mode", net_mode, "none, allow or open: new connections follow at once, refused open ones are reset");
+  net_cmd->add_option("--allow", allow, "with --mode allow: DOMAIN, *.DOMAIN, ADDR or CIDR[:PORT] (repeatable)");
+  client_flags(net_cmd);
   auto* exec = app.add_subcommand("exec", "run a command in a sandbox; exits with its code");
   exec->add_option("ID", id, "sandbox id")->required();
   exec->add_option("--env", request.env, "K=V for the command");
@@ -391,12 +407,37 @@ int main(int argc, char** argv) {
     auto body = ParseSize(max_body);
     if (!body.ok()) return Fail(body.status().Annotate("--max-body"));
     l.max_body_bytes = *body;
+    NetworkConfig nc;
+    auto pool = Cidr4::Parse(net_pool);
+    if (!pool.ok()) return Fail(pool.status().Annotate("--net-pool"));
+    nc.pool = *pool;
+    nc.dns_grace_seconds = dns_grace;
+    nc.netns_dir = JoinPath(Dirname(node.run_dir), "netns");
+    if (!dns_upstream.empty()) {
+      auto up = ParseDnsServer(dns_upstream);
+      if (!up.ok()) return Fail(up.status().Annotate("--dns-upstream"));
+      nc.dns_upstream = *up;
+    }
+    for (const auto& cidr : allow_private) {
+      auto c = Cidr4::Parse(cidr);
+      if (!c.ok()) return Fail(c.status().Annotate("--allow-private"));
+      nc.private_ok.push_back(*c);
+    }
+    // Without them (no forwarding, no nftables) the node still serves
+    // sandboxes of modes none and host.
+    auto network = NodeNetwork::Open(nc);
+    if (network.ok()) node.network = *network;
+    else node.network_off_reason = network.status().ToString();
+    if (!network.ok()) std::fprintf(stderr, "launcher: WARNING: sandbox networks (modes allow, open) are off: %s\n", network.status().ToString().c_str());
     return Serve(serve_options, node);
   }
 
   if (!runtime.empty()) node.runtime = runtime;
-  if (net != "none" && net != "host") return Fail(Error(EINVAL, "--net: expected none or host, got " + Quote(net)));
-  spec.host_network = net == "host";
+  if (run->parsed() || create->parsed()) {
+    auto policy = NetPolicy::FromFlags(net, allow);
+    if (!policy.ok()) return Fail(policy.status().Annotate("--net/--allow"));
+    spec.network = *policy;
+  }
   spec.limits.cpus = cpus;
   spec.limits.pids = pids;
   if (!memory.empty()) {
@@ -468,6 +509,19 @@ int main(int argc, char** argv) {
     return s.ok() ? 0 : Fail(s);
   }
   auto done = [](const Status& s) { return s.ok() ? 0 : Fail(s); };
+  if (net_cmd->parsed()) {
+    Result<json> r = Error(EINVAL, "");
+    if (net_mode.empty() && allow.empty()) {
+      r = client.Network(id);
+    } else {
+      auto policy = NetPolicy::FromFlags(net_mode, allow);
+      if (!policy.ok()) return Fail(policy.status().Annotate("net"));
+      r = client.SetNetwork(id, policy->ToJson());
+    }
+    if (!r.ok()) return Fail(r.status());
+    std::printf("%s\n", r->dump(2).c_str());
+    return 0;
+  }
   if (pause->parsed()) return done(client.Pause(id));
   if (resume->parsed()) return done(client.Resume(id));
   if (destroy->parsed()) return done(client.Destroy(id));
@@ -484,12 +538,14 @@ int main(int argc, char** argv) {
       std::printf("%s\n", list->dump().c_str());
       return 0;
     }
-    std::printf("%-16s %-10s %-8s %s\n", "ID", "BACKEND", "STATE", "LAYERS");
+    std::printf("%-16s %-10s %-8s %-6s %s\n", "ID", "BACKEND", "STATE", "NET", "LAYERS");
     for (const auto& s : *list) {
       std::vector<std::string> names;
       for (const auto& l : s["layers"]) names.push_back(l.value("name", "") + "@" + l.value("digest", "").substr(0, 12));
-      std::printf("%-16s %-10s %-8s %s\n", s.value("id", "").c_str(), s.value("backend", "").c_str(),
-                  s.value("state", "").c_str(), Join(names, " ").c_str());
+      const json net_info = s.value("network", json::object());
+      const std::string mode = net_info.is_object() ? net_info.value("mode", "none") : net_info.get<std::string>();
+      std::printf("%-16s %-10s %-8s %-6s %s\n", s.value("id", "").c_str(), s.value("backend", "").c_str(),
+                  s.value("state", "").c_str(), mode.c_str(), Join(names, " ").c_str());
     }
     return 0;
   }

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <chrono>
 #include <random>
+#include <set>
 
 #include "common/fs.h"
 #include "common/log.h"
@@ -32,7 +33,7 @@ constexpr auto kPoolGrace = std::chrono::seconds(30);
 // Pools are not shared across tenants (their calls share a cgroup).
 std::string PoolKey(const SandboxSpec& spec, const std::string& owner) {
   return StrCat(owner, "|", Join(spec.layers, ","), "|", cache::DefaultStoreUrl(spec.store), "|", spec.limits.cpus, "|", spec.limits.memory,
-                "|", spec.limits.pids, "|", spec.host_network ? "host" : "none");
+                "|", spec.limits.pids, "|", spec.network.ToJson().dump());
 }
 
 json CallSpecJson(const SandboxSpec& spec) {
@@ -275,6 +276,14 @@ Status SandboxManager::Recover() {
         ++recovery_.removed;
       }
     }
+  }
+  // Network namespaces, veths and rules of sandboxes that are gone.
+  if (node_.network) {
+    std::set<std::string> live;
+    for (auto& [id, e] : sandboxes_) live.insert(id);
+    for (auto& [key, p] : pools_) live.insert(p->warm->id());
+    Status s = node_.network->Reconcile(live);
+    if (!s.ok()) STRATA_LOG(kWarn) << "remove leftover sandbox networks: " << s.ToString();
   }
   // Snapshots a daemon was packing when it died.
   if (auto uppers = UpperStore::Open(node_.uppers); uppers.ok()) {
@@ -687,6 +696,33 @@ Result<json> SandboxManager::Snapshot(const std::string& id, const std::string& 
   }
   ++snapshots_;
   return out;
+}
+
+Result<json> SandboxManager::Network(const std::string& id) {
+  STRATA_ASSIGN_OR_RETURN(auto entry, Find(id));
+  std::shared_ptr<Sandbox> sb;
+  {
+    std::lock_guard lock(entry->mu);
+    if (entry->gone()) return Error(ENOENT, StrCat("sandbox ", id, " is being destroyed"));
+    sb = entry->sandbox ? entry->sandbox : entry->pool->warm;
+  }
+  json j = sb->NetworkInfo();
+  if (entry->pool) j["pool"] = sb->id();
+  return j;
+}
+
+Result<json> SandboxManager::SetNetwork(const std::string& id, const NetPolicy& policy) {
+  STRATA_ASSIGN_OR_RETURN(auto entry, Find(id));
+  {
+    std::lock_guard lock(entry->mu);
+    if (entry->gone()) return Error(ENOENT, StrCat("sandbox ", id, " is being destroyed"));
+    if (entry->pool) {
+      return Error(EBADSLT, StrCat("network of ", id, ": a function-call sandbox shares its pool's network, whose policy "
+                                   "is fixed at create (create one with the policy you need)"));
+    }
+    STRATA_RETURN_IF_ERROR(entry->sandbox->SetNetwork(policy));
+  }
+  return Network(id);
 }
 
 Result<json> SandboxManager::Info(const std::string& id) {

@@ -68,6 +68,10 @@ class SandboxManager {
   // bytes, and how long the sandbox was frozen.
   Result<nlohmann::json> Snapshot(const std::string& id, const std::string& tag, std::vector<std::string> excludes);
   Status Destroy(const std::string& id);
+  // The network policy, address and counters; a new policy for a live
+  // sandbox (EBADSLT for one without an interface, or of a pool).
+  Result<nlohmann::json> Network(const std::string& id);
+  Result<nlohmann::json> SetNetwork(const std::string& id, const NetPolicy& policy);
   Result<nlohmann::json> Info(const std::string& id);
   // Every sandbox, or only those of `owner` when it is set.
   nlohmann::json List(const std::optional<std::string>& owner = std::nullopt);

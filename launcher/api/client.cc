@@ -134,6 +134,16 @@ Result<std::string> LauncherClient::Get(const std::string& id, const std::string
   return Call("GET", StrCat("/v1/sandboxes/", id, "/files?path=", cache::EncodeUrlComponent(path)), "");
 }
 
+Result<json> LauncherClient::Network(const std::string& id) {
+  STRATA_ASSIGN_OR_RETURN(std::string body, Call("GET", "/v1/sandboxes/" + id + "/network", ""));
+  return ParseJson(body);
+}
+
+Result<json> LauncherClient::SetNetwork(const std::string& id, const json& policy) {
+  STRATA_ASSIGN_OR_RETURN(std::string body, Call("PUT", "/v1/sandboxes/" + id + "/network", policy.dump()));
+  return ParseJson(body);
+}
+
 Status LauncherClient::Pause(const std::string& id) { return Call("POST", "/v1/sandboxes/" + id + "/pause", "{}").status(); }
 Status LauncherClient::Resume(const std::string& id) { return Call("POST", "/v1/sandboxes/" + id + "/resume", "{}").status(); }
 

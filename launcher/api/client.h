@@ -47,6 +47,8 @@ class LauncherClient {
   Status Put(const std::string& id, const std::string& path, std::string_view data, uint32_t mode);
   Result<std::string> Get(const std::string& id, const std::string& path);
   Status Pause(const std::string& id);
+  Result<nlohmann::json> Network(const std::string& id);
+  Result<nlohmann::json> SetNetwork(const std::string& id, const nlohmann::json& policy);
   Status Resume(const std::string& id);
   Result<nlohmann::json> Snapshot(const std::string& id, const std::string& tag);
   Status Destroy(const std::string& id);

@@ -96,9 +96,11 @@ Result<SandboxSpec> ParseSpec(const json& j) {
     if (j.contains("disk")) {
       STRATA_ASSIGN_OR_RETURN(spec.disk, SizeField(j, "disk"));
     }
-    std::string net = j.value("network", "none");
-    if (net != "none" && net != "host") return Error(EINVAL, "create: network must be none or host");
-    spec.host_network = net == "host";
+    if (j.contains("network")) {
+      auto policy = NetPolicy::FromJson(j["network"]);
+      if (!policy.ok()) return policy.status().Annotate("create");
+      spec.network = *policy;
+    }
     spec.env = j.value("env", std::vector<std::string>{});
     spec.workdir = j.value("workdir", "/");
     if (j.contains("ttl") && !j["ttl"].is_null()) {
@@ -504,9 +506,9 @@ Response LauncherServer::Route(const Request& req, const Caller& caller) {
     return r;
   }
   if (req.method == "GET" && req.path == "/v1/health") return Json(Health());
-  // (A PUT's body is the file itself; uploads never reach here.)
-  json body = req.method == "PUT" ? json::object() : json::parse(req.body.empty() ? "{}" : req.body, nullptr, false);
-  if (req.method != "PUT" && (body.is_discarded() || !body.is_object())) {
+  // (A file upload's body is the file itself; uploads never reach here.)
+  json body = json::parse(req.body.empty() ? "{}" : req.body, nullptr, false);
+  if (body.is_discarded() || !body.is_object()) {
     return Fail(Error(EINVAL, "request body is not a JSON object (or not valid UTF-8)"));
   }
   if (req.path == "/v1/sandboxes") {
@@ -531,6 +533,18 @@ Response LauncherServer::Route(const Request& req, const Caller& caller) {
   if (verb.empty() && req.method == "GET") {
     auto info = manager_.Info(id);
     return info.ok() ? Json(*info) : Fail(info.status());
+  }
+  if (verb == "network" && (req.method == "GET" || req.method == "PUT")) {
+    Result<json> r = Error(EINVAL, "");
+    if (req.method == "GET") {
+      r = manager_.Network(id);
+    } else {
+      auto policy = NetPolicy::FromJson(body);
+      if (!policy.ok()) return Fail(policy.status().Annotate("network"));
+      if (policy->mode == NetMode::kHost) return Fail(Error(EINVAL, "network: a live sandbox cannot change to the host's network"));
+      r = manager_.SetNetwork(id, *policy);
+    }
+    return r.ok() ? Json(*r) : Fail(r.status());
   }
   if (verb == "pause" && req.method == "POST") return status_reply(manager_.Pause(id));
   if (verb == "resume" && req.method == "POST") return status_reply(manager_.Resume(id));
@@ -592,7 +606,7 @@ Response LauncherServer::Create(const Request& req, const json& body, const Call
   // What a tenant may ask for.
   if (caller.tenant) {
     const auto& limits = caller.tenant->limits;
-    if (spec->host_network && !limits.net_host) {
+    if (spec->network.mode == NetMode::kHost && !limits.net_host) {
       return Fail(Error(EPERM, StrCat("create: tenant ", caller.scope(), " may not use the host's network")));
     }
     if (!spec->store.empty()) {

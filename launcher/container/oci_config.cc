@@ -105,7 +105,8 @@ json OciConfig(const ContainerConfig& c) {
   }
   json namespaces = json::array({{{"type", "pid"}}, {{"type", "ipc"}}, {{"type", "uts"}}, {{"type", "mount"}},
                                  {{"type", "cgroup"}}, {{"type", "user"}}});
-  if (!c.host_network) namespaces.push_back({{"type", "network"}});
+  if (!c.netns_path.empty()) namespaces.push_back({{"type", "network"}, {"path", c.netns_path}});
+  else if (!c.host_network) namespaces.push_back({{"type", "network"}});
 
   json mounts = json::array({
       {{"destination", "/proc"}, {"type", "proc"}, {"source", "proc"}, {"options", {"nosuid", "noexec", "nodev"}}},
@@ -119,9 +120,13 @@ json OciConfig(const ContainerConfig& c) {
       {{"destination", kAgentPath}, {"type", "bind"}, {"source", c.agent_binary}, {"options", {"bind", "ro", "nosuid", "nodev"}}},
       {{"destination", kAgentSocketDir}, {"type", "bind"}, {"source", c.agent_socket_dir}, {"options", {"bind", "nosuid", "nodev", "noexec"}}},
   });
-  // sysfs needs a network namespace of our own inside a user namespace;
-  // with the host's network, bind the host's read-only instead.
-  if (c.host_network) {
+  if (!c.resolv_conf.empty()) {
+    mounts.push_back({{"destination", "/etc/resolv.conf"}, {"type", "bind"}, {"source", c.resolv_conf},
+                      {"options", {"bind", "ro", "nosuid", "nodev", "noexec"}}});
+  }
+  // sysfs needs a network namespace owned by the sandbox's user namespace;
+  // with the host's network or one the node made, bind the host's read-only.
+  if (c.host_network || !c.netns_path.empty()) {
     mounts.push_back({{"destination", "/sys"}, {"type", "bind"}, {"source", "/sys"}, {"options", {"rbind", "ro", "nosuid", "noexec", "nodev"}}});
   } else {
     mounts.push_back({{"destination", "/sys"}, {"type", "sysfs"}, {"source", "sysfs"}, {"options", {"nosuid", "noexec", "nodev", "ro"}}});

@@ -25,7 +25,9 @@ struct ContainerConfig {
   std::string hostname;
   IdMapping idmap;
   ContainerLimits limits;
-  bool host_network = false;          // else a new network namespace with loopback only
+  bool host_network = false;          // else a network namespace: netns_path's, or a new one with loopback only
+  std::string netns_path;             // a namespace the node made (sandbox networks)
+  std::string resolv_conf;            // host file bound at /etc/resolv.conf (read-only)
   std::string cgroup_path;            // "/strata/<id>"
   std::string agent_binary;           // host path, bind-mounted read-only at kAgentPath
   std::string agent_socket_dir;       // host dir, bind-mounted at kAgentSocketDir

@@ -205,7 +205,7 @@ Status Sandbox::Start(const SandboxSpec& spec) {
                           {"memory", spec.limits.memory},
                           {"pids", spec.limits.pids},
                           {"disk", spec.disk},
-                          {"host_network", spec.host_network},
+                          {"network", spec.network.ToJson()},
                           {"env", spec.env},
                           {"workdir", spec.workdir}}}};
   STRATA_RETURN_IF_ERROR(WriteFileAtomic(dir_ + "/state.json", state.dump(), false));
@@ -253,7 +253,14 @@ Status Sandbox::Start(const SandboxSpec& spec) {
     const std::string shim = dir_ + "/shim";
     STRATA_RETURN_IF_ERROR(MakeDirs(shim + "/.strata/run", 0755));
     STRATA_RETURN_IF_ERROR(WriteFileAtomic(shim + kAgentPath, "", false));
-    for (const std::string& p : {shim, shim + "/.strata", shim + "/.strata/run", shim + kAgentPath}) {
+    std::vector<std::string> made = {shim, shim + "/.strata", shim + "/.strata/run", shim + kAgentPath};
+    if (spec.network.routed()) {  // (the node's resolv.conf is bound there)
+      STRATA_RETURN_IF_ERROR(MakeDirs(shim + "/etc", 0755));
+      STRATA_RETURN_IF_ERROR(WriteFileAtomic(shim + "/etc/resolv.conf", "", false));
+      made.push_back(shim + "/etc");
+      made.push_back(shim + "/etc/resolv.conf");
+    }
+    for (const std::string& p : made) {
       if (::lchown(p.c_str(), root_uid, root_uid) != 0) return ErrnoError(errno, "chown " + p);
     }
     lowers.insert(lowers.begin(), shim);
@@ -279,6 +286,26 @@ Status Sandbox::Start(const SandboxSpec& spec) {
   timer.Step("mount overlay");
   }
 
+  // 4b. A network of its own (modes allow and open): a namespace the node
+  //     owns, a veth and its rules; recorded at once, so a crash after this
+  //     leaves the daemon's recovery something to remove.
+  if (spec.network.routed()) {
+    if (!node_.network && node_.managed) {
+      return Error(ENOTSUP, StrCat("network mode ", NetModeName(spec.network.mode), ": sandbox networks are off on this node (",
+                                   node_.network_off_reason, ")"));
+    }
+    if (!node_.network) {
+      return Error(ENOTSUP, StrCat("network mode ", NetModeName(spec.network.mode),
+                                   " needs the launcher daemon (its DNS proxy and address pool): start `launcher serve`"));
+    }
+    STRATA_ASSIGN_OR_RETURN(SandboxNet net, node_.network->Attach(id_, spec.network));
+    net_ = net;
+    STRATA_RETURN_IF_ERROR(SaveState({{"net", net.ToJson()}}));
+    STRATA_RETURN_IF_ERROR(WriteFileAtomic(dir_ + "/resolv.conf", node_.network->ResolvConf(), false));
+    if (::chmod((dir_ + "/resolv.conf").c_str(), 0644) != 0) return ErrnoError(errno, "chmod resolv.conf");
+    timer.Step("network");
+  }
+
   // 5. The bundle: the agent is init; its socket lives in dir/agent.
   if (::chown((dir_ + "/agent").c_str(), root_uid, root_uid) != 0) return ErrnoError(errno, "chown " + dir_ + "/agent");
   ContainerConfig config;
@@ -287,10 +314,14 @@ Status Sandbox::Start(const SandboxSpec& spec) {
   config.hostname = id_;
   config.idmap = node_.idmap;
   config.limits = spec.limits;
-  config.host_network = spec.host_network;
+  config.host_network = spec.network.mode == NetMode::kHost;
   config.cgroup_path = "/" + node_.cgroup_parent + "/" + id_;
   config.agent_binary = node_.agent_binary;
   config.agent_socket_dir = dir_ + "/agent";
+  if (net_) {
+    config.netns_path = net_->netns;
+    config.resolv_conf = dir_ + "/resolv.conf";
+  }
   config.env = {"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root"};
   config.fncall = fncall;
   const std::string seccomp_cache = JoinPath(Dirname(node_.run_dir), "seccomp");
@@ -349,7 +380,9 @@ Status Sandbox::Start(const SandboxSpec& spec) {
 
 void Sandbox::FillDefaults(ExecRequest& request) const {
   request.isolate = spec_.backend == "fncall";
-  request.isolate_network = !spec_.host_network;
+  // A call of a pool with a network of its own keeps it (the policy is
+  // the pool's); otherwise each call gets loopback only.
+  request.isolate_network = spec_.network.mode == NetMode::kNone;
   if (request.env.empty()) request.env = spec_.env;
   if (request.cwd.empty()) request.cwd = spec_.workdir.empty() ? "/" : spec_.workdir;
 }
@@ -417,6 +450,12 @@ Status Sandbox::Destroy() {
   timer.Step("clean up runtime state");
   note(overlay_.Unmount());
   timer.Step("unmount overlay");
+  if (net_) {
+    if (node_.network) note(node_.network->Detach(id_, *net_));
+    else note(Error(ENOTSUP, "remove the network of sandbox " + id_ + ": no node network here (the daemon's recovery will)"));
+    net_.reset();
+    timer.Step("remove network");
+  }
   if (upper_) {
     note(upper_->Destroy());
     upper_.reset();
@@ -455,7 +494,18 @@ Result<std::unique_ptr<Sandbox>> Sandbox::Adopt(const std::string& id, const Nod
   sb->spec_.limits.memory = spec.value("memory", uint64_t{0});
   sb->spec_.limits.pids = spec.value("pids", int64_t{0});
   sb->spec_.disk = spec.value("disk", uint64_t{0});
-  sb->spec_.host_network = spec.value("host_network", false);
+  if (auto policy = NetPolicy::FromJson(spec.value("network", json())); policy.ok()) sb->spec_.network = *policy;
+  if (spec.value("host_network", false)) sb->spec_.network.mode = NetMode::kHost;  // (state of an older daemon)
+  if (state.contains("net")) {
+    auto net = SandboxNet::FromJson(state["net"]);
+    if (!net.ok()) return net.status().Annotate("adopt sandbox " + id);
+    sb->net_ = *net;
+    sb->spec_.network = net->policy;
+    if (node.network) {
+      Status s = node.network->Adopt(id, *net);
+      if (!s.ok()) STRATA_LOG(kWarn) << "adopt sandbox " << id << ": " << s.ToString();
+    }
+  }
   sb->spec_.env = spec.value("env", std::vector<std::string>{});
   sb->spec_.workdir = spec.value("workdir", std::string("/"));
   for (const auto& d : state.value("layers", json::array())) {
@@ -545,7 +595,35 @@ json Sandbox::Info() const {
           {"created", created_},
           {"layers", layers},
           {"limits", {{"cpus", spec_.limits.cpus}, {"memory", spec_.limits.memory}, {"pids", spec_.limits.pids}, {"disk", spec_.disk}}},
-          {"network", spec_.host_network ? "host" : "none"}};
+          {"network", NetworkSummary()}};
+}
+
+json Sandbox::NetworkSummary() const {
+  json j = net_ ? net_->policy.ToJson() : spec_.network.ToJson();
+  if (net_) j["address"] = Ipv4ToString(net_->address);
+  return j;
+}
+
+json Sandbox::NetworkInfo() const {
+  if (net_ && node_.network) {
+    json j = node_.network->Describe(id_);
+    if (!j.is_null()) return j;
+  }
+  return net_ ? net_->policy.ToJson() : spec_.network.ToJson();
+}
+
+Status Sandbox::SetNetwork(const NetPolicy& policy) {
+  if (spec_.backend == "fncall") {
+    return Error(EBADSLT, "network of " + id_ + ": a function-call sandbox's policy is its pool's, fixed at create");
+  }
+  if (!net_ || !node_.network) {
+    return Error(EBADSLT, StrCat("network of ", id_, ": it was created without an interface (mode ", NetModeName(spec_.network.mode),
+                                 "); create it with mode allow or open (an empty allow list reaches nothing) to change it later"));
+  }
+  STRATA_ASSIGN_OR_RETURN(SandboxNet next, node_.network->SetPolicy(id_, policy));
+  net_ = next;
+  spec_.network = policy;
+  return SaveState({{"net", next.ToJson()}});
 }
 
 Status SweepStaleSandboxes(const NodeConfig& node) {

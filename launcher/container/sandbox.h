@@ -17,6 +17,7 @@
 #include "launcher/agent_client.h"
 #include "launcher/container/oci_config.h"
 #include "launcher/container/upper_store.h"
+#include "launcher/net/node_network.h"
 
 namespace strata::launcher {
 
@@ -34,6 +35,9 @@ struct NodeConfig {
   // per sandbox waits on it), and a restarted daemon re-adopts them, so the
   // sweep of dead one-shot launchers leaves them alone.
   bool managed = false;
+  // Sandbox networks (modes allow and open): the daemon's; null elsewhere.
+  std::shared_ptr<NodeNetwork> network;
+  std::string network_off_reason;  // why `network` is null in a daemon
 
   // Fills the defaults that depend on the environment (STRATA_* variables,
   // the agent's location).
@@ -47,7 +51,7 @@ struct SandboxSpec {
   std::string store;                // empty: $STRATA_STORE or the default
   ContainerLimits limits;
   uint64_t disk = uint64_t{10} << 30;
-  bool host_network = false;
+  NetPolicy network;                // none (loopback only), allow, open, host
   std::vector<std::string> env;     // for commands
   std::string workdir = "/";
   // The daemon destroys the sandbox this long after the last call on it
@@ -91,6 +95,13 @@ class Sandbox {
   // The upper volume (for snapshots).
   const std::optional<UpperVolume>& upper() const { return upper_; }
   const NodeConfig& node() const { return node_; }
+  // The network policy, with address and counters when it has an interface.
+  nlohmann::json NetworkInfo() const;
+  // The policy and address only (what Info() shows).
+  nlohmann::json NetworkSummary() const;
+  // Changes the policy of a sandbox that has an interface (modes allow and
+  // open); EBADSLT for one without.
+  Status SetNetwork(const NetPolicy& policy);
   // A read-only snapshot of the upper volume, taken with every process of
   // the sandbox frozen (for as short as the snapshot takes).
   Result<UpperVolume> CaptureUpper();
@@ -117,6 +128,7 @@ class Sandbox {
   std::vector<cache::StackLayer> stack_;
   std::vector<Digest128> held_;       // layers acquired from lazyfs
   std::optional<UpperVolume> upper_;
+  std::optional<SandboxNet> net_;     // an interface of its own (allow, open)
   MountPoint overlay_;
   std::optional<Subprocess> runtime_;
   std::unique_ptr<AgentClient> agent_;

@@ -117,8 +117,20 @@ def argv_of(cmd: Union[str, Sequence[str]]) -> List[str]:
     return argv
 
 
+def network_body(network: Union[str, Mapping[str, Any], None], allow: Optional[Sequence[str]]) -> Any:
+    """``"none"``/``"open"``/``"host"``, or ``"allow"`` with entries (domains,
+    ``*.domain``, addresses, CIDRs, each with an optional ``:port``)."""
+    if allow is not None:
+        if isinstance(allow, str):
+            allow = [allow]
+        if network not in (None, "allow"):
+            raise ValueError(f"strata: an allow list needs network='allow', not {network!r}")
+        return {"mode": "allow", "allow": list(allow)}
+    return network
+
+
 def create_body(layers: Sequence[str], backend: str, cpus: Optional[float], memory: Union[str, int, None],
-                pids: Optional[int], disk: Union[str, int, None], network: Optional[str],
+                pids: Optional[int], disk: Union[str, int, None], network: Any,
                 env: Union[Mapping[str, str], Sequence[str], None], workdir: Optional[str], store: Optional[str],
                 ttl: Optional[float], count: Optional[int]) -> Dict[str, Any]:
     if isinstance(layers, str):

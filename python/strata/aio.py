@@ -139,13 +139,17 @@ class AsyncClient:
 
     async def create(self, layers: Sequence[str], backend: str = "container", cpus: Optional[float] = None,
                memory: Union[str, int, None] = None, pids: Optional[int] = None, disk: Union[str, int, None] = None,
-               network: Optional[str] = None, env: Union[Mapping[str, str], Sequence[str], None] = None,
+               network: Union[str, Mapping[str, Any], None] = None, allow: Optional[Sequence[str]] = None,
+               env: Union[Mapping[str, str], Sequence[str], None] = None,
                workdir: Optional[str] = None, store: Optional[str] = None, ttl: Optional[float] = None,
                count: Optional[int] = None) -> Union["AsyncSandbox", List["AsyncSandbox"]]:
         """Creates a sandbox (a list of ``count`` with ``count``; those that
         failed raise only when none was made). ``ttl``: seconds after the
-        last call on it before the node destroys it."""
-        body = c.create_body(layers, backend, cpus, memory, pids, disk, network, env, workdir, store, ttl, count)
+        last call on it before the node destroys it. ``network``: ``"none"``
+        (loopback only, the default), ``"allow"`` with ``allow=[...]``,
+        ``"open"`` or ``"host"``."""
+        body = c.create_body(layers, backend, cpus, memory, pids, disk, c.network_body(network, allow), env, workdir,
+                             store, ttl, count)
         answer = await self._json("POST", "/v1/sandboxes", body=body, key=c.new_key())
         if count is None:
             return AsyncSandbox(self, answer)
@@ -259,6 +263,15 @@ class AsyncSandbox:
 
     async def execs(self) -> List[Dict[str, Any]]:
         return await self.client._json("GET", self._path("/execs"))
+
+    async def network(self) -> Dict[str, Any]:
+        """The policy, the sandbox's address and its counters."""
+        return await self.client._json("GET", self._path("/network"))
+
+    async def set_network(self, mode: str = "allow", allow: Optional[Sequence[str]] = None) -> Dict[str, Any]:
+        """A new policy at once (see the sync client's)."""
+        body = c.network_body(mode, allow) if allow is not None else {"mode": mode}
+        return await self.client._json("PUT", self._path("/network"), body=body)
 
     async def destroy(self) -> None:
         await self.client._send("DELETE", self._path(), key=c.new_key())

@@ -1,0 +1,50 @@
+// A sandbox's network plumbing: a named network namespace (a bind mount of
+// its nsfs file, owned by the node's user namespace, so the sandbox's root
+// cannot reconfigure it) and one veth pair towards the node. Links,
+// addresses and routes are set over rtnetlink (libmnl); nothing shells out.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "common/status.h"
+
+namespace strata::launcher {
+
+// Makes `dir` a shared mount of itself (as `ip netns` does for /run/netns),
+// so a namespace file unmounted there is unmounted in every mount namespace
+// copied from the node's: no copy keeps a namespace (and its veth) alive.
+Status PrepareNetnsDir(const std::string& dir);
+
+// A new network namespace, bound at `path` (a file that must not exist).
+Status CreateNetns(const std::string& path);
+// Unmounts and removes `path`; the namespace goes away with its last user.
+// Missing is fine.
+Status RemoveNetns(const std::string& path);
+
+struct SandboxLink {
+  std::string netns_path;
+  std::string host_if;     // the node's end, "sx" + the sandbox's hex
+  std::string owner;       // its alias: which node made it (the rules' table)
+  uint32_t address = 0;    // the sandbox's (a /32 on its eth0)
+  uint32_t gateway = 0;    // the node's address every sandbox routes through
+};
+
+// The veth pair: `host_if` on the node with a /32 route to the sandbox's
+// address; `eth0` in the namespace with the address, a route to the
+// gateway, and the default route through it. IPv6 is off on both ends
+// (sandboxes have IPv4 only) and loopback is up.
+Status CreateSandboxLink(const SandboxLink& link);
+// Deletes the node's end (the namespace's goes with it). Missing is fine.
+Status DeleteLink(const std::string& name);
+// Whether the node has an interface of that name.
+bool LinkExists(const std::string& name);
+// The interface's alias ("" when none).
+std::string LinkAlias(const std::string& name);
+
+// The gateway address (/32) on the node's loopback: a local address that
+// every sandbox's veth reaches (and answers ARP for), there whether or not
+// any sandbox exists, so the DNS proxy can listen on it. Idempotent.
+Status EnsureGatewayAddress(uint32_t gateway);
+
+}  // namespace strata::launcher

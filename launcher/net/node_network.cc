@@ -1,0 +1,335 @@
+// NodeNetwork: pool, plumbing, rules and the proxy, per sandbox.
+#include "launcher/net/node_network.h"
+
+#include <arpa/inet.h>
+#include <dirent.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "common/fs.h"
+#include "common/hash.h"
+#include "common/log.h"
+#include "common/strings.h"
+#include "launcher/net/netns.h"
+
+namespace strata::launcher {
+
+using nlohmann::json;
+
+Result<sockaddr_in> ParseDnsServer(const std::string& text) {
+  std::string host = text;
+  uint16_t port = 53;
+  if (size_t colon = text.rfind(':'); colon != std::string::npos) {
+    host = text.substr(0, colon);
+    char* end = nullptr;
+    long p = std::strtol(text.c_str() + colon + 1, &end, 10);
+    if (*end != '\0' || p < 1 || p > 65535) return Error(EINVAL, "DNS server " + Quote(text) + ": bad port");
+    port = static_cast<uint16_t>(p);
+  }
+  auto a = ParseIpv4(host);
+  if (!a) return Error(EINVAL, "DNS server " + Quote(text) + ": not an IPv4 address (with an optional :PORT)");
+  sockaddr_in s{};
+  s.sin_family = AF_INET;
+  s.sin_port = htons(port);
+  s.sin_addr.s_addr = htonl(*a);
+  return s;
+}
+
+Result<sockaddr_in> SystemDnsServer(const std::string& resolv_conf) {
+  std::ifstream in(resolv_conf);
+  std::string line;
+  while (std::getline(in, line)) {
+    std::istringstream words(line);
+    std::string key, value;
+    if (words >> key >> value && key == "nameserver" && ParseIpv4(value)) return ParseDnsServer(value);
+  }
+  return Error(ENOENT, "find an IPv4 nameserver in " + resolv_conf + " for the sandboxes' DNS proxy (give --dns-upstream)");
+}
+
+json SandboxNet::ToJson() const {
+  return {{"netns", netns}, {"ifname", ifname}, {"address", Ipv4ToString(address)}, {"generation", generation},
+          {"policy", policy.ToJson()}};
+}
+
+Result<SandboxNet> SandboxNet::FromJson(const json& j) {
+  if (!j.is_object()) return Error(EINVAL, "sandbox network state: not an object");
+  SandboxNet n;
+  n.netns = j.value("netns", "");
+  n.ifname = j.value("ifname", "");
+  auto a = ParseIpv4(j.value("address", ""));
+  if (!a || n.netns.empty() || n.ifname.empty()) return Error(EINVAL, "sandbox network state: incomplete");
+  n.address = *a;
+  n.generation = j.value("generation", uint32_t{1});
+  STRATA_ASSIGN_OR_RETURN(n.policy, NetPolicy::FromJson(j.value("policy", json())));
+  return n;
+}
+
+Result<std::shared_ptr<NodeNetwork>> NodeNetwork::Open(const NetworkConfig& config) {
+  if (config.pool.prefix > 24 || config.pool.prefix < 8) {
+    return Error(EINVAL, "sandbox address pool " + config.pool.ToString() + ": give a /8 to /24");
+  }
+  auto forward = ReadFileToString("/proc/sys/net/ipv4/ip_forward");
+  if (!forward.ok() || forward->empty() || (*forward)[0] != '1') {
+    return Error(ENOTSUP, "sandbox networks need IP forwarding (net.ipv4.ip_forward=1): run `launcher doctor --fix`");
+  }
+  std::shared_ptr<NodeNetwork> n(new NodeNetwork());
+  n->config_ = config;
+  if (n->config_.table.empty()) {
+    std::string t = "strata_" + config.pool.ToString() + (config.pool.prefix == 32 ? "_32" : "");
+    for (char& ch : t) ch = (ch == '.' || ch == '/') ? '_' : ch;
+    n->config_.table = t;
+  }
+  STRATA_RETURN_IF_ERROR(PrepareNetnsDir(config.netns_dir).Annotate("sandbox networks"));
+  STRATA_RETURN_IF_ERROR(EnsureGatewayAddress(config.gateway()).Annotate("sandbox networks: gateway"));
+  DnsProxyConfig pc;
+  pc.listen = config.gateway();
+  pc.port = config.dns_port;
+  pc.grace_seconds = config.dns_grace_seconds;
+  if (config.dns_upstream) {
+    pc.upstream = *config.dns_upstream;
+  } else {
+    STRATA_ASSIGN_OR_RETURN(pc.upstream, SystemDnsServer());
+  }
+  NodeNetwork* raw = n.get();
+  DnsProxyHooks hooks;
+  hooks.policy = [raw](uint32_t source) { return raw->PolicyOf(source); };
+  hooks.admit = [raw](uint32_t source, const std::string& name, const std::vector<uint32_t>& addrs,
+                      const std::vector<uint16_t>& ports, uint32_t seconds) {
+    return raw->AdmitFor(source, name, addrs, ports, seconds);
+  };
+  // The proxy first: its port on the pool's gateway is the node's hold on
+  // the pool (a second daemon given the same pool fails here, before it
+  // touches the first one's rules).
+  auto proxy = DnsProxy::Start(pc, std::move(hooks));
+  if (!proxy.ok()) {
+    return proxy.status().Annotate(StrCat("sandbox networks: pool ", config.pool.ToString(), " (another daemon's?)"));
+  }
+  n->proxy_ = std::move(*proxy);
+  FirewallConfig fc;
+  fc.table = n->config_.table;
+  fc.pool = config.pool;
+  fc.gateway = config.gateway();
+  fc.dns_port = config.dns_port;
+  fc.private_ok = config.private_ok;
+  fc.if_prefix = config.if_prefix;
+  STRATA_ASSIGN_OR_RETURN(n->firewall_, Firewall::Open(fc));
+  return n;
+}
+
+NodeNetwork::~NodeNetwork() { proxy_.reset(); }
+
+std::string NodeNetwork::KeyFor(const std::string& id) const {
+  // Sandbox ids are "sb-" and 12 hex digits; anything else is hashed.
+  if (id.size() == 15 && id.starts_with("sb-") && id.find_first_not_of("0123456789abcdef", 3) == std::string::npos) {
+    return id.substr(3);
+  }
+  return HashBytes(id).Hex().substr(0, 12);
+}
+
+size_t NodeNetwork::size() const {
+  std::lock_guard lock(mu_);
+  return by_id_.size();
+}
+
+std::string NodeNetwork::ResolvConf() const {
+  return StrCat("# strata: the node's DNS proxy answers the names this sandbox may reach\nnameserver ",
+                Ipv4ToString(config_.gateway()), "\noptions timeout:2 attempts:2\n");
+}
+
+Result<uint32_t> NodeNetwork::Allocate() {
+  // The lowest free address (so addresses are reused), after the gateway.
+  const uint32_t first = config_.pool.addr + 2, last = config_.pool.Last() - 1;
+  uint32_t candidate = first;
+  for (const auto& [addr, live] : by_address_) {
+    if (addr < candidate) continue;
+    if (addr > candidate) break;
+    ++candidate;
+  }
+  if (candidate > last) return Error(EUSERS, "sandbox address pool " + config_.pool.ToString() + " is full");
+  return candidate;
+}
+
+std::optional<NetPolicy> NodeNetwork::PolicyOf(uint32_t address) const {
+  std::lock_guard lock(mu_);
+  auto it = by_address_.find(address);
+  if (it == by_address_.end()) return std::nullopt;
+  return it->second.net.policy;
+}
+
+Status NodeNetwork::AdmitFor(uint32_t address, const std::string& name, const std::vector<uint32_t>& addrs,
+                             const std::vector<uint16_t>& ports, uint32_t seconds) {
+  // (An address in the node's private ranges stays refused by the rules.)
+  std::lock_guard lock(mu_);  // held: a policy change cannot slip between
+  auto it = by_address_.find(address);
+  if (it == by_address_.end()) return Error(ENOENT, "no sandbox at " + Ipv4ToString(address));
+  // The policy may have changed since the proxy asked: only what it admits now.
+  if (it->second.net.policy.PortsForName(name) != ports) return Error(EAGAIN, "the policy changed during the lookup of " + name);
+  STRATA_RETURN_IF_ERROR(firewall_->Admit(KeyFor(it->second.id), addrs, ports, seconds));
+  auto& resolved = it->second.resolved;
+  const auto now = std::chrono::steady_clock::now();
+  std::erase_if(resolved, [&](const Resolved& r) { return r.until <= now || r.name == name; });
+  if (resolved.size() >= 4096) resolved.erase(resolved.begin());
+  resolved.push_back({name, addrs, now + std::chrono::seconds(seconds)});
+  return OkStatus();
+}
+
+Result<SandboxNet> NodeNetwork::Attach(const std::string& id, const NetPolicy& policy) {
+  if (!policy.routed()) return Error(EINVAL, "network: only modes allow and open get an interface");
+  SandboxNet net;
+  net.policy = policy;
+  net.ifname = IfnameFor(id);
+  net.netns = JoinPath(config_.netns_dir, id);
+  {
+    std::lock_guard lock(mu_);
+    if (by_id_.count(id)) return Error(EEXIST, "network of sandbox " + id + ": exists");
+    STRATA_ASSIGN_OR_RETURN(net.address, Allocate());
+    by_address_[net.address] = {id, net};
+    by_id_[id] = net.address;
+  }
+  auto undo = [&](Status s) {
+    DeleteLink(net.ifname).IgnoreError();
+    RemoveNetns(net.netns).IgnoreError();
+    std::lock_guard lock(mu_);
+    by_address_.erase(net.address);
+    by_id_.erase(id);
+    return s.Annotate("network of sandbox " + id);
+  };
+  if (Status s = CreateNetns(net.netns); !s.ok()) return undo(s);
+  SandboxLink link{net.netns, net.ifname, config_.table, net.address, config_.gateway()};
+  if (Status s = CreateSandboxLink(link); !s.ok()) return undo(s);
+  SandboxRules rules{KeyFor(id), net.ifname, net.address, net.generation, policy};
+  if (Status s = firewall_->AddSandbox(rules); !s.ok()) return undo(s);
+  return net;
+}
+
+Status NodeNetwork::Adopt(const std::string& id, const SandboxNet& net) {
+  {
+    std::lock_guard lock(mu_);
+    if (auto it = by_address_.find(net.address); it != by_address_.end() && it->second.id != id) {
+      return Error(EEXIST, StrCat("network of sandbox ", id, ": its address ", Ipv4ToString(net.address), " is ", it->second.id, "'s"));
+    }
+    by_address_[net.address] = {id, net};
+    by_id_[id] = net.address;
+  }
+  if (!LinkExists(net.ifname)) return Error(ENOENT, "network of sandbox " + id + ": its interface " + net.ifname + " is gone");
+  auto listed = firewall_->List();
+  if (listed.ok() && !listed->count(KeyFor(id))) {
+    STRATA_LOG(kWarn) << "sandbox " << id << ": its network rules were gone; made again";
+    return firewall_->AddSandbox({KeyFor(id), net.ifname, net.address, net.generation, net.policy});
+  }
+  return listed.status();
+}
+
+Result<SandboxNet> NodeNetwork::SetPolicy(const std::string& id, const NetPolicy& policy) {
+  if (policy.mode == NetMode::kHost) return Error(EINVAL, "network: a live sandbox cannot change to the host's network");
+  SandboxNet old, next;
+  {
+    std::lock_guard lock(mu_);
+    auto it = by_id_.find(id);
+    if (it == by_id_.end()) {
+      return Error(EBADSLT, "network of sandbox " + id + ": it was created without an interface (mode none or host); "
+                            "create it with mode allow or open (an empty allow list reaches nothing) to change it later");
+    }
+    old = by_address_[it->second].net;
+  }
+  next = old;
+  next.policy = policy;
+  next.generation = old.generation + 1;
+  SandboxRules after{KeyFor(id), next.ifname, next.address, next.generation, next.policy};
+  // Under the lock, so no answer of the proxy lands between: the rules and
+  // the proxy's view change together. What names resolved to stays for the
+  // names the new policy admits (on its ports, for the time left).
+  std::lock_guard lock(mu_);
+  Live& live = by_address_[next.address];
+  if (live.id != id) return Error(ENOENT, "network of sandbox " + id + ": gone");
+  std::vector<Firewall::Admission> keep;
+  const auto now = std::chrono::steady_clock::now();
+  std::erase_if(live.resolved, [&](const Resolved& r) { return r.until <= now || policy.PortsForName(r.name).empty(); });
+  for (const auto& r : live.resolved) {
+    const auto left = std::chrono::duration_cast<std::chrono::seconds>(r.until - now).count();
+    keep.push_back({r.addresses, policy.PortsForName(r.name), static_cast<uint32_t>(std::max<int64_t>(left, 1))});
+  }
+  STRATA_RETURN_IF_ERROR(firewall_->ReplacePolicy(after, keep));
+  live.net = next;
+  return next;
+}
+
+Status NodeNetwork::Detach(const std::string& id, const SandboxNet& net) {
+  Status first;
+  auto keep = [&](Status s) {
+    if (first.ok() && !s.ok()) first = std::move(s);
+  };
+  keep(firewall_->RemoveSandbox(KeyFor(id), net.ifname, net.address));
+  keep(DeleteLink(net.ifname));
+  keep(RemoveNetns(net.netns));
+  proxy_->Forget(net.address);
+  std::lock_guard lock(mu_);
+  if (auto it = by_address_.find(net.address); it != by_address_.end() && it->second.id == id) by_address_.erase(it);
+  by_id_.erase(id);
+  return first.Annotate("remove the network of sandbox " + id);
+}
+
+json NodeNetwork::Describe(const std::string& id) {
+  SandboxNet net;
+  {
+    std::lock_guard lock(mu_);
+    auto it = by_id_.find(id);
+    if (it == by_id_.end()) return json();
+    net = by_address_[it->second].net;
+  }
+  json j = net.policy.ToJson();
+  j["address"] = Ipv4ToString(net.address);
+  j["gateway"] = Ipv4ToString(config_.gateway());
+  auto counters = firewall_->Counters(KeyFor(id));
+  DnsCounts dns = proxy_->Counts(net.address);
+  j["counters"] = {{"connections_allowed", counters.ok() ? counters->allowed : 0},
+                   {"connections_refused", counters.ok() ? counters->refused : 0},
+                   {"names_answered", dns.answered},
+                   {"names_refused", dns.refused}};
+  return j;
+}
+
+Status NodeNetwork::Reconcile(const std::set<std::string>& live) {
+  std::set<std::string> keys;
+  for (const auto& id : live) keys.insert(KeyFor(id));
+  // Namespaces.
+  if (DIR* dir = ::opendir(config_.netns_dir.c_str())) {
+    std::vector<std::string> gone;
+    while (dirent* e = ::readdir(dir)) {
+      std::string name = e->d_name;
+      if (name != "." && name != ".." && !live.count(name)) gone.push_back(name);
+    }
+    ::closedir(dir);
+    for (const auto& name : gone) {
+      STRATA_LOG(kWarn) << "removing the network namespace of sandbox " << name << " (gone)";
+      RemoveNetns(JoinPath(config_.netns_dir, name)).IgnoreError();
+    }
+  }
+  // Interfaces.
+  if (DIR* dir = ::opendir("/sys/class/net")) {
+    std::vector<std::string> gone;
+    while (dirent* e = ::readdir(dir)) {
+      std::string name = e->d_name;
+      if (name.starts_with(config_.if_prefix) && !keys.count(name.substr(config_.if_prefix.size())) &&
+          LinkAlias(name) == config_.table) {
+        gone.push_back(name);
+      }
+    }
+    ::closedir(dir);
+    for (const auto& name : gone) {
+      STRATA_LOG(kWarn) << "removing interface " << name << " of a sandbox that is gone";
+      DeleteLink(name).IgnoreError();
+    }
+  }
+  // Rules.
+  STRATA_ASSIGN_OR_RETURN(auto listed, firewall_->List());
+  for (const auto& [key, address] : listed) {
+    if (keys.count(key)) continue;
+    STRATA_LOG(kWarn) << "removing the network rules of a sandbox that is gone (" << key << ")";
+    STRATA_RETURN_IF_ERROR(firewall_->RemoveSandbox(key, config_.if_prefix + key, address));
+  }
+  return OkStatus();
+}
+
+}  // namespace strata::launcher

@@ -1,0 +1,128 @@
+"""scripts/bench net: sandbox networks against baselines measured in the
+same run, on the tests' fake internet (tests/python/fake_internet.py):
+  - create -> exec true -> destroy, p50 and p90, with network "none" and
+    with "allow" (interleaved);
+  - TCP connect p50 to an allowed host from a sandbox (through the policy,
+    NAT and conntrack) against the same connects from a namespace of the
+    bench's own with a plain veth route and no rules;
+  - one 64 MiB download from the fake internet in a sandbox against the
+    same download on the node itself;
+  - DNS answers per second through the node's proxy (from a sandbox,
+    32 queries in flight) against the same queries sent to the upstream
+    resolver straight from the node.
+Usage: /usr/bin/python3 tests/bench/net_bench.py [CYCLES]"""
+
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "python"))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
+
+import conftest  # noqa: E402  (the tests' Node: a daemon of its own)
+from fake_internet import NAMES, RESOLVER, FakeInternet  # noqa: E402
+import strata  # noqa: E402
+
+POOL = "10.216.0.0/24"
+TABLE = "strata_10_216_0_0_24"
+GATEWAY = "10.216.0.1"
+PLAIN_NS = "strata-bench-plain"
+PROBE = os.path.join(conftest.BUILD, "tests", "python", "net_probe")
+
+
+def pct(samples, p):
+    s = sorted(samples)
+    return s[min(len(s) - 1, int(p / 100 * len(s)))]
+
+
+def table(header, rows):
+    widths = [max(len(str(r[i])) for r in [header] + rows) for i in range(len(header))]
+    line = lambda r: "| " + " | ".join(str(v).ljust(w) for v, w in zip(r, widths)) + " |"
+    print(line(header))
+    print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    for r in rows:
+        print(line(r))
+
+
+def sh(*argv):
+    return subprocess.run(list(argv), check=True, capture_output=True, text=True).stdout
+
+
+def plain_namespace():
+    """A namespace with a veth and a route to the fake internet, no rules."""
+    sh("ip", "netns", "add", PLAIN_NS)
+    sh("ip", "link", "add", "sbplain0", "type", "veth", "peer", "name", "eth0", "netns", PLAIN_NS)
+    sh("ip", "addr", "add", "10.217.0.1/30", "dev", "sbplain0")
+    sh("ip", "link", "set", "sbplain0", "up")
+    sh("ip", "-n", PLAIN_NS, "addr", "add", "10.217.0.2/30", "dev", "eth0")
+    sh("ip", "-n", PLAIN_NS, "link", "set", "eth0", "up")
+    sh("ip", "-n", PLAIN_NS, "link", "set", "lo", "up")
+    sh("ip", "-n", PLAIN_NS, "route", "add", "default", "via", "10.217.0.1")
+
+
+def remove_plain_namespace():
+    subprocess.run(["ip", "link", "del", "sbplain0"], capture_output=True)
+    subprocess.run(["ip", "netns", "del", PLAIN_NS], capture_output=True)
+
+
+def main():
+    cycles = int(sys.argv[1]) if len(sys.argv) > 1 else 30
+    net = FakeInternet(ttl=300).start()
+    node = None
+    try:
+        plain_namespace()
+        node = conftest.make_node(extra=["--net-pool", POOL, "--dns-upstream", RESOLVER])
+        with strata.Client(url="unix://" + node.socket) as client:
+            # 1. create -> exec true -> destroy.
+            times = {"none": [], "allow": []}
+            for i in range(cycles * 2):
+                mode = "none" if i % 2 == 0 else "allow"
+                t0 = time.perf_counter()
+                sb = client.create(layers=["busybox:1"], network=mode, allow=["a.test"] if mode == "allow" else None)
+                sb.exec(["true"])
+                sb.destroy()
+                times[mode].append((time.perf_counter() - t0) * 1000)
+            none50, allow50 = statistics.median(times["none"]), statistics.median(times["allow"])
+            print(f"scripts/bench net: {cycles} cycles of each, interleaved; TCP connects x 2000; "
+                  "a 64 MiB download; 20000 DNS queries\n")
+            rows = [["create -> exec true -> destroy, p50 / p90", f"{allow50:.1f} / {pct(times['allow'], 90):.1f} ms (allow)",
+                     f"{none50:.1f} / {pct(times['none'], 90):.1f} ms (none)", f"+{allow50 - none50:.1f} ms"]]
+
+            with client.create(layers=["busybox:1"], network="allow", allow=["a.test", "b.test"]) as sb:
+                with open(PROBE, "rb") as f:
+                    sb.write_file("/tmp/net_probe", f.read(), mode=0o755)
+                assert sb.exec("nslookup a.test").exit_code == 0
+                a = NAMES["a.test"]
+                # 2. TCP connect.
+                ours = sb.exec(["/tmp/net_probe", "connect", a, "80", "2000"]).stdout.split()
+                base = sh("ip", "netns", "exec", PLAIN_NS, PROBE, "connect", a, "80", "2000").split()
+                rows.append(["TCP connect p50 (p99)", f"{ours[0]} ({ours[1]}) us, sandbox through the policy",
+                             f"{base[0]} ({base[1]}) us, plain namespace", f"{float(ours[0]) / float(base[0]):.2f}x"])
+                # 3. Download.
+                ours = sb.exec(["/tmp/net_probe", "get", a, "80", "/big"]).stdout.split()
+                base = sh(PROBE, "get", a, "80", "/big").split()
+                ours_mb = int(ours[0]) / float(ours[1]) / 1e6
+                base_mb = int(base[0]) / float(base[1]) / 1e6
+                rows.append(["64 MiB download", f"{ours_mb:.0f} MB/s in a sandbox", f"{base_mb:.0f} MB/s on the node",
+                             f"{ours_mb / base_mb:.2f}"])
+                # 4. DNS.
+                ours = sb.exec(["/tmp/net_probe", "dns", GATEWAY, "a.test", "20000"]).stdout.strip()
+                base = sh(PROBE, "dns", RESOLVER, "a.test", "20000").strip()
+                rows.append(["DNS answers/s (32 in flight)", f"{ours} through the proxy (admitting each)",
+                             f"{base} from dnsmasq directly", f"{float(ours) / float(base):.2f}"])
+            table(["", "ours", "baseline", "ratio"], rows)
+    finally:
+        if node:
+            node.cleanup()
+        for argv in (["nft", "delete", "table", "inet", TABLE], ["nft", "delete", "table", "ip", TABLE + "_nat"],
+                     ["ip", "addr", "del", "10.216.0.1/32", "dev", "lo"]):
+            subprocess.run(argv, capture_output=True)
+        remove_plain_namespace()
+        net.stop()
+
+
+if __name__ == "__main__":
+    main()

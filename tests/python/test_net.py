@@ -1,0 +1,327 @@
+"""Sandbox networks against real kernel networking: a daemon of its own
+(pool 10.215.0.0/24, its DNS proxy forwarding to the fake internet's
+dnsmasq), sandboxes in modes allow, open and none, phase changes, restarts
+and leaks. Everything is sent to loopback, to the node's own addresses or
+into the fake internet's namespace (fake_internet.py)."""
+
+import json
+import os
+import re
+import socket
+import subprocess
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+import strata
+from conftest import LAUNCHER, _skip_reason, make_node
+from fake_internet import NAMES, METADATA_HOST, PRIVATE_HOST, RESOLVER, FakeInternet
+
+POOL = "10.215.0.0/24"
+GATEWAY = "10.215.0.1"
+TABLE = "strata_10_215_0_0_24"
+HOST_PORT = 18080  # a server of the node's own, on every address
+
+
+def nft_json(*what):
+    out = subprocess.run(["nft", "-j", "list", *what], capture_output=True, text=True)
+    return json.loads(out.stdout)["nftables"] if out.returncode == 0 else []
+
+
+def node_leftovers(node):
+    """What of sandbox networks is left on the node: namespaces, veths of
+    this node, and per-sandbox rules."""
+    left = []
+    netns = os.path.join(node.root, "netns")
+    if os.path.isdir(netns):
+        left += ["netns " + n for n in os.listdir(netns)]
+    for name in os.listdir("/sys/class/net"):
+        try:
+            alias = open(f"/sys/class/net/{name}/ifalias").read().strip()
+        except OSError:
+            continue
+        if name.startswith("sx") and alias == TABLE:
+            left.append("interface " + name)
+    for item in nft_json("table", "inet", TABLE):
+        for kind in ("chain", "set", "counter"):
+            name = item.get(kind, {}).get("name", "")
+            if re.match(r"^(o|r|n|np|c|cp|ok|no)_[0-9a-f]{12}$", name):
+                left.append(f"{kind} {name}")
+        for kind in ("set", "map"):
+            if item.get(kind, {}).get("name") in ("ifs4", "src4", "out4", "in4") and item[kind].get("elem"):
+                left.append(f"elements of {item[kind]['name']}")
+    return left
+
+
+@pytest.fixture(scope="module")
+def internet():
+    reason = _skip_reason()
+    if reason:
+        pytest.skip(reason)
+    with FakeInternet(ttl=1) as net:
+        yield net
+
+
+@pytest.fixture(scope="module")
+def host_server():
+    class H(BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def do_GET(self):
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b"the node's own service\n")
+
+    server = ThreadingHTTPServer(("0.0.0.0", HOST_PORT), H)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture(scope="module")
+def net_node(internet):
+    n = make_node(extra=["--net-pool", POOL, "--dns-upstream", RESOLVER, "--dns-grace", "1"])
+    try:
+        yield n
+    finally:
+        n.cleanup()
+        subprocess.run(["nft", "delete", "table", "inet", TABLE], capture_output=True)
+        subprocess.run(["nft", "delete", "table", "ip", TABLE + "_nat"], capture_output=True)
+        subprocess.run(["ip", "addr", "del", GATEWAY + "/32", "dev", "lo"], capture_output=True)
+
+
+@pytest.fixture
+def client(net_node):
+    with strata.Client(url="unix://" + net_node.socket) as c:
+        yield c
+
+
+def node_address():
+    """One of the node's own global addresses (not a sandbox's)."""
+    out = subprocess.run(["ip", "-4", "-o", "addr", "show", "scope", "global"], capture_output=True, text=True).stdout
+    for line in out.splitlines():
+        addr = line.split()[3].split("/")[0]
+        if not addr.startswith("10.215.") and not addr.startswith("198.18."):
+            return addr
+    pytest.skip("the node has no global IPv4 address")
+
+
+def fetch(sb, target, port=80, path="/", timeout=3):
+    """HTTP GET from inside the sandbox with busybox nc: (exit code, output)."""
+    r = sb.exec(f'printf "GET {path} HTTP/1.0\\r\\n\\r\\n" | nc -w {timeout} {target} {port}', timeout=timeout + 5)
+    return r.exit_code, (r.stdout + r.stderr).decode(errors="replace")
+
+
+def upload_probe(sb):
+    """tests/python/net_probe.c, built by CMake, into the sandbox."""
+    build = os.environ.get("STRATA_BUILD_DIR", os.path.join(os.path.dirname(__file__), "..", "..", "build"))
+    with open(os.path.join(build, "tests", "python", "net_probe"), "rb") as f:
+        sb.write_file("/tmp/net_probe", f.read(), mode=0o755)
+    return "/tmp/net_probe"
+
+
+def refused(sb, target, port=80):
+    """A connect that fails fast, with a refusal (not a hang)."""
+    t0 = time.monotonic()
+    code, out = fetch(sb, target, port)
+    took = time.monotonic() - t0
+    assert code != 0 and "refused" in out.lower(), out
+    assert took < 2.5, f"a refusal took {took:.1f} s"
+    return out
+
+
+def resolves(sb, name, server=""):
+    r = sb.exec(f"nslookup {name} {server}", timeout=10)
+    return r.exit_code == 0 and "NXDOMAIN" not in r.stdout.decode() + r.stderr.decode(), (r.stdout + r.stderr).decode()
+
+
+def test_allowlist(client, net_node, host_server):
+    with client.create(layers=["busybox:1"], network="allow",
+                       allow=["a.test", f"{RESOLVER}/32", "198.18.1.2:8080"]) as sb, \
+         client.create(layers=["busybox:1"], network="allow", allow=["a.test"]) as other:
+        info = sb.describe()["network"]
+        assert info["mode"] == "allow" and info["allow"] == ["a.test", f"{RESOLVER}", "198.18.1.2:8080"]
+        assert sb.exec("cat /etc/resolv.conf").stdout.decode().count(GATEWAY) == 1
+        # By name: admitted; another name: NXDOMAIN, without leaving the node.
+        code, out = fetch(sb, "a.test")
+        assert code == 0 and "hello from 198.18.1.1" in out, out
+        ok, out = resolves(sb, "b.test")
+        assert not ok and "NXDOMAIN" in out, out
+        # b.test's address as a literal: refused on port 80, admitted on 8080 (a CIDR with a port).
+        refused(sb, NAMES["b.test"], 80)
+        code, out = fetch(sb, NAMES["b.test"], 8080)
+        assert code == 0 and "hello from 198.18.1.2" in out, out
+        # DNS straight to the resolver, though its address is allowed by CIDR: refused (UDP and TCP).
+        ok, out = resolves(sb, "a.test", RESOLVER)
+        assert not ok, out
+        refused(sb, RESOLVER, 53)
+        # UDP: to an admitted address on any port (the entry has none); elsewhere refused.
+        udp = upload_probe(sb)
+        assert sb.exec([udp, "udp", NAMES["a.test"], "9999", "ping"]).stdout == b"ping\n"
+        assert sb.exec([udp, "udp", NAMES["b.test"], "9999", "ping"]).stdout == b"refused\n"
+        assert sb.exec([udp, "udp", NAMES["b.test"], "8080", "ping"]).stdout != b"ping\n"
+        # ICMP: refused, even to an admitted address.
+        r = sb.exec(f"ping -c 1 -W 2 {NAMES['a.test']}", timeout=10)
+        assert r.exit_code != 0, r
+        # The node: not at its own addresses, not at the gateway (a server on every address).
+        assert urlopen_ok(f"http://127.0.0.1:{HOST_PORT}/")  # (it is there)
+        refused(sb, node_address(), HOST_PORT)
+        refused(sb, GATEWAY, HOST_PORT)
+        refused(sb, GATEWAY, 22)
+        # Another sandbox: unreachable, while it reaches its own listener.
+        other.exec("echo hi > /tmp/index.html; httpd -f -p 7000 -h /tmp", detach=True)
+        time.sleep(0.3)
+        code, out = fetch(other, "127.0.0.1", 7000)
+        assert code == 0 and "hi" in out, out
+        refused(sb, other.network()["address"], 7000)
+        # Private and metadata addresses (routed into the fake internet, so a
+        # rule that let them through would be seen): refused.
+        refused(sb, PRIVATE_HOST, 80)
+        refused(sb, METADATA_HOST, 80)
+        counters = sb.network()["counters"]
+        assert counters["connections_allowed"] >= 3 and counters["connections_refused"] >= 6, counters
+        assert counters["names_answered"] >= 1 and counters["names_refused"] >= 1, counters
+
+
+def urlopen_ok(url):
+    import urllib.request
+    with urllib.request.urlopen(url, timeout=5) as r:
+        return r.status == 200
+
+
+def test_wildcard_and_ttl(client, net_node):
+    with client.create(layers=["busybox:1"], network="allow", allow=["*.w.test", "a.test:80"]) as sb:
+        code, out = fetch(sb, "one.w.test")
+        assert code == 0 and "198.18.1.3" in out, out
+        ok, out = resolves(sb, "w.test")  # a wildcard is for the names below it
+        assert not ok, out
+        # a.test on its port only.
+        assert fetch(sb, "a.test", 80)[0] == 0
+        refused(sb, "a.test", 8080)
+        # dnsmasq answers with a TTL of 1 s and the daemon's grace is 1 s: the
+        # window closes after that, and a new lookup opens it again.
+        assert resolves(sb, "one.w.test")[0]
+        code, out = fetch(sb, "198.18.1.3")
+        assert code == 0, out
+        time.sleep(3)
+        refused(sb, "198.18.1.3")
+        assert resolves(sb, "one.w.test")[0]
+        assert fetch(sb, "198.18.1.3")[0] == 0
+
+
+def test_phase_change_cuts_connections(client, net_node):
+    with client.create(layers=["busybox:1"], network="allow", allow=["a.test"]) as sb:
+        download = sb.exec("wget -O /tmp/slow http://a.test/slow; echo rc=$?", detach=True)
+        # (busybox wget segfaults with -q; its progress goes to stderr)
+        for _ in range(100):
+            if sb.exec("wc -c < /tmp/slow 2>/dev/null || echo 0").stdout.strip() not in (b"", b"0"):
+                break
+            time.sleep(0.05)
+        t0 = time.monotonic()
+        policy = sb.set_network("none")
+        assert policy["mode"] == "none"
+        result = download.wait(timeout=10)
+        took = time.monotonic() - t0
+        assert b"rc=1" in result.stdout, result
+        assert took < 3, f"the download ran on for {took:.1f} s after the change"
+        got = int(sb.exec("wc -c < /tmp/slow").stdout)
+        assert 0 < got < 1200, got
+        # The next connect is refused, and names too.
+        refused(sb, NAMES["a.test"])
+        assert not resolves(sb, "a.test")[0]
+        # Back to allow (through the CLI): works again.
+        out = subprocess.run([LAUNCHER, "net", sb.id, "--mode", "allow", "--allow", "a.test", "--socket", net_node.socket],
+                             capture_output=True, text=True, env=net_node.env)
+        assert out.returncode == 0, out.stderr
+        assert json.loads(out.stdout)["allow"] == ["a.test"]
+        assert fetch(sb, "a.test")[0] == 0
+        # Open connections the new policy still admits are kept.
+        download = sb.exec("wget -O /tmp/slow2 http://a.test/slow; echo rc=$?", detach=True)
+        time.sleep(0.5)
+        sb.set_network("allow", ["a.test", "b.test"])
+        time.sleep(1)
+        assert download.status()["state"] == "running"
+        download.kill()
+
+
+def test_open_mode(client, net_node, host_server):
+    with client.create(layers=["busybox:1"], network="open") as sb:
+        code, out = fetch(sb, "b.test")
+        assert code == 0 and "198.18.1.2" in out, out
+        assert fetch(sb, "198.18.1.4", 8080)[0] == 0
+        refused(sb, node_address(), HOST_PORT)
+        refused(sb, GATEWAY, HOST_PORT)
+        refused(sb, PRIVATE_HOST)
+        refused(sb, METADATA_HOST)
+
+
+def test_changes_refused_where_they_cannot_apply(client, net_node, internet):
+    with client.create(layers=["busybox:1"]) as sb:
+        assert sb.describe()["network"] == {"mode": "none"}
+        with pytest.raises(strata.SandboxError) as e:
+            sb.set_network("allow", ["a.test"])
+        assert e.value.status == 409 and "without an interface" in str(e.value)
+        with pytest.raises(strata.SandboxError) as e:
+            client.create(layers=["busybox:1"], network={"mode": "allow", "allow": ["not a name!"]})
+        assert e.value.status == 400 and "not a name" in str(e.value)
+
+
+def test_restart_keeps_rules_and_leaves_nothing(client, net_node):
+    sb = client.create(layers=["busybox:1"], network="allow", allow=["a.test"])
+    try:
+        assert fetch(sb, "a.test")[0] == 0
+        # A half-made sandbox network of a crashed daemon: a namespace and a
+        # veth with this node's alias, never recorded.
+        orphan = os.path.join(net_node.root, "netns", "sb-0123456789ab")
+        open(orphan, "w").close()
+        subprocess.run(["unshare", f"--net={orphan}", "true"], check=True)
+        subprocess.run(["ip", "link", "add", "sx0123456789ab", "type", "veth", "peer", "name", "sxpeer0"], check=True)
+        subprocess.run(["ip", "link", "set", "sx0123456789ab", "alias", TABLE], check=True)
+        net_node.restart()
+        assert sb.network()["allow"] == ["a.test"]
+        assert fetch(sb, "a.test")[0] == 0
+        assert not resolves(sb, "b.test")[0]
+        refused(sb, NAMES["b.test"])
+        left = node_leftovers(net_node)
+        assert not [x for x in left if "0123456789ab" in x], left
+    finally:
+        sb.destroy()
+    assert node_leftovers(net_node) == []
+    # kill -9 with a live sandbox, then its destruction after the recovery.
+    sb = client.create(layers=["busybox:1"], network="allow", allow=["a.test"])
+    net_node.restart()
+    sb.destroy()
+    assert node_leftovers(net_node) == []
+
+
+def test_create_destroy_loop(client, net_node):
+    seen = set()
+    for round_ in range(8):
+        made = client.create(layers=["busybox:1"], network="allow", allow=["a.test"], count=8)
+        assert len(made) == 8, made.failures
+        for sb in made:
+            seen.add(sb.info["network"]["address"])
+        if round_ == 0:
+            assert fetch(made[0], "a.test")[0] == 0
+        for sb in made:
+            sb.destroy()
+    # 64 sandboxes, 8 at a time: the addresses are reused.
+    assert len(seen) <= 16, sorted(seen)
+    assert node_leftovers(net_node) == []
+
+
+def test_function_call_pool(client, net_node):
+    # (Last: its pool stays warm for a while after, with its network.)
+    # A function-call sandbox: its pool's policy, fixed at create.
+    with client.create(layers=["busybox:1"], backend="fncall", network="allow", allow=["a.test"]) as call:
+        code, out = fetch(call, "a.test")
+        assert code == 0 and "198.18.1.1" in out, out
+        assert not resolves(call, "b.test")[0]
+        with pytest.raises(strata.SandboxError) as e:
+            call.set_network("none")
+        assert e.value.status == 409
+        assert call.network()["mode"] == "allow"
