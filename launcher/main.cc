@@ -275,6 +275,8 @@ int main(int argc, char** argv) {
   std::string net_pool = "10.213.0.0/16", dns_upstream;
   std::vector<std::string> allow_private;
   uint32_t dns_grace = 5;
+  size_t net_warm = 4;
+  serve->add_option("--net-warm", net_warm, "sandbox network namespaces kept ready (0: made on create)")->capture_default_str();
   serve->add_option("--net-pool", net_pool, "addresses of sandbox networks (.1 is their gateway and DNS proxy)")->capture_default_str();
   serve->add_option("--dns-upstream", dns_upstream, "resolver for sandboxes' admitted names, ADDR[:PORT] (default: /etc/resolv.conf's)");
   serve->add_option("--dns-grace", dns_grace, "seconds a resolved address stays admitted past its TTL")->capture_default_str();
@@ -412,6 +414,7 @@ int main(int argc, char** argv) {
     if (!pool.ok()) return Fail(pool.status().Annotate("--net-pool"));
     nc.pool = *pool;
     nc.dns_grace_seconds = dns_grace;
+    nc.warm = net_warm;
     nc.netns_dir = JoinPath(Dirname(node.run_dir), "netns");
     if (!dns_upstream.empty()) {
       auto up = ParseDnsServer(dns_upstream);

@@ -279,10 +279,7 @@ Status SandboxManager::Recover() {
   }
   // Network namespaces, veths and rules of sandboxes that are gone.
   if (node_.network) {
-    std::set<std::string> live;
-    for (auto& [id, e] : sandboxes_) live.insert(id);
-    for (auto& [key, p] : pools_) live.insert(p->warm->id());
-    Status s = node_.network->Reconcile(live);
+    Status s = node_.network->Reconcile();
     if (!s.ok()) STRATA_LOG(kWarn) << "remove leftover sandbox networks: " << s.ToString();
   }
   // Snapshots a daemon was packing when it died.

@@ -156,18 +156,16 @@ Result<std::unique_ptr<Firewall>> Firewall::Open(const FirewallConfig& config) {
   s += StrCat("add rule inet ", t, " forward oifname @ifs4 jump to_sandbox\n");
   s += StrCat("add rule inet ", t, " input iifname @ifs4 jump node_from_sandbox\n");
   // From a sandbox: only from its own address on its own interface, then
-  // its chain (which knows its open connections by their mark).
-  s += StrCat("add rule inet ", t, " from_sandbox meta nfproto ipv6 drop\n");
+  // its chain (which knows its open connections by their mark). IPv6
+  // (sandboxes have none) matches no `ip` rule and ends at the drop.
   s += StrCat("add rule inet ", t, " from_sandbox iifname . ip saddr != @src4 drop\n");
   s += StrCat("add rule inet ", t, " from_sandbox ip saddr vmap @out4\n");
   s += StrCat("add rule inet ", t, " from_sandbox drop\n");
   // To a sandbox: answers only (nothing opens a connection into one).
-  s += StrCat("add rule inet ", t, " to_sandbox meta nfproto ipv6 drop\n");
   s += StrCat("add rule inet ", t, " to_sandbox ct direction original goto refuse\n");
   s += StrCat("add rule inet ", t, " to_sandbox ip daddr vmap @in4\n");
   s += StrCat("add rule inet ", t, " to_sandbox drop\n");
   // To the node itself: the DNS proxy's port, nothing else.
-  s += StrCat("add rule inet ", t, " node_from_sandbox meta nfproto ipv6 drop\n");
   s += StrCat("add rule inet ", t, " node_from_sandbox iifname . ip saddr != @src4 drop\n");
   s += StrCat("add rule inet ", t, " node_from_sandbox ip daddr ", gw, " udp dport ", config.dns_port, " accept\n");
   s += StrCat("add rule inet ", t, " node_from_sandbox ip daddr ", gw, " tcp dport ", config.dns_port, " accept\n");
@@ -235,11 +233,13 @@ std::string Firewall::PolicyRules(const SandboxRules& r) const {
       continue;
     }
     rule(StrCat("meta l4proto != { tcp, udp } ", refuse));
-    rule(StrCat(addr, " @never4 ", refuse));
-    rule(StrCat(addr, " @private4 ", addr, " != @private_ok4 ", refuse));
     rule(StrCat(port, " { 53, 853 } ", refuse));
+    // What names resolved to first (the common case; the proxy never
+    // admits an always-refused address), then what is always refused.
     rule(StrCat(addr, " @n_", k, " ", admit));
     rule(StrCat(addr, " . ", port, " @np_", k, " ", admit));
+    rule(StrCat(addr, " @never4 ", refuse));
+    rule(StrCat(addr, " @private4 ", addr, " != @private_ok4 ", refuse));
     rule(StrCat(addr, " @doh4 ", port, " 443 ", refuse));
     if (r.policy.mode == NetMode::kOpen) {
       rule(admit);
@@ -314,12 +314,12 @@ Status Firewall::Admit(const std::string& key, const std::vector<uint32_t>& addr
   return Run(AdmitElements(key, {addresses, ports, seconds})).Annotate("nftables: admit resolved addresses for sandbox " + key);
 }
 
-Status Firewall::RemoveSandbox(const std::string& key, const std::string& ifname, uint32_t address) {
+Status Firewall::RemoveSandbox(const std::string& key, const std::string& ifname, uint32_t address, bool check) {
   const std::string& t = config_.table;
   const std::string a = Ipv4ToString(address);
   // AddSandbox made everything in one transaction: all of it is there or
   // none is, and it goes in one transaction too.
-  if (!Exists(StrCat("chain inet ", t, " o_", key))) return OkStatus();
+  if (check && !Exists(StrCat("chain inet ", t, " o_", key))) return OkStatus();
   std::string s;
   if (address != 0) {
     s += StrCat("delete element inet ", t, " ifs4 { \"", ifname, "\" }\n");
@@ -345,6 +345,21 @@ Result<FirewallCounters> Firewall::Counters(const std::string& key) {
     }
   }
   return c;
+}
+
+bool Firewall::AlwaysRefused(uint32_t address) const {
+  if (config_.pool.Contains(address)) return true;
+  for (const char* r : kNeverRanges) {
+    if (Cidr4::Parse(r)->Contains(address)) return true;
+  }
+  for (const char* r : kPrivateRanges) {
+    if (!Cidr4::Parse(r)->Contains(address)) continue;
+    for (const auto& ok : config_.private_ok) {
+      if (ok.Contains(address)) return false;
+    }
+    return true;
+  }
+  return false;
 }
 
 Result<std::map<std::string, uint32_t>> Firewall::List() {

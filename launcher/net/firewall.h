@@ -65,9 +65,14 @@ class Firewall {
   // ({0}: every port), for `seconds`.
   Status Admit(const std::string& key, const std::vector<uint32_t>& addresses, const std::vector<uint16_t>& ports,
                uint32_t seconds);
-  // Removes everything of the sandbox; missing parts are fine.
-  Status RemoveSandbox(const std::string& key, const std::string& ifname, uint32_t address);
+  // Removes everything of the sandbox; with `check`, none of it being there
+  // is fine (without, it saves a query).
+  Status RemoveSandbox(const std::string& key, const std::string& ifname, uint32_t address, bool check = true);
   Result<FirewallCounters> Counters(const std::string& key);
+  // Whether the rules refuse `address` whatever a policy says (the node's
+  // pool, loopback, link-local and metadata, multicast, private ranges
+  // the operator did not allow).
+  bool AlwaysRefused(uint32_t address) const;
   // The sandboxes the kernel has rules for: key -> address.
   Result<std::map<std::string, uint32_t>> List();
   // Removes the node's tables (tests, and `doctor` when asked).

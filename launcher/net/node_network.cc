@@ -3,6 +3,7 @@
 
 #include <arpa/inet.h>
 #include <dirent.h>
+#include <sys/random.h>
 
 #include <fstream>
 #include <sstream>
@@ -48,22 +49,40 @@ Result<sockaddr_in> SystemDnsServer(const std::string& resolv_conf) {
 }
 
 json SandboxNet::ToJson() const {
-  return {{"netns", netns}, {"ifname", ifname}, {"address", Ipv4ToString(address)}, {"generation", generation},
-          {"policy", policy.ToJson()}};
+  return {{"key", key}, {"netns", netns}, {"ifname", ifname}, {"address", Ipv4ToString(address)},
+          {"generation", generation}, {"policy", policy.ToJson()}};
 }
 
 Result<SandboxNet> SandboxNet::FromJson(const json& j) {
   if (!j.is_object()) return Error(EINVAL, "sandbox network state: not an object");
   SandboxNet n;
+  n.key = j.value("key", "");
   n.netns = j.value("netns", "");
   n.ifname = j.value("ifname", "");
   auto a = ParseIpv4(j.value("address", ""));
-  if (!a || n.netns.empty() || n.ifname.empty()) return Error(EINVAL, "sandbox network state: incomplete");
+  if (!a || n.key.empty() || n.netns.empty() || n.ifname.empty()) return Error(EINVAL, "sandbox network state: incomplete");
   n.address = *a;
   n.generation = j.value("generation", uint32_t{1});
   STRATA_ASSIGN_OR_RETURN(n.policy, NetPolicy::FromJson(j.value("policy", json())));
   return n;
 }
+
+namespace {
+std::string RandomKey() {
+  uint8_t b[6];
+  if (::getrandom(b, sizeof b, 0) != sizeof b) std::abort();
+  return HexEncode(b);
+}
+// A sandbox's first generation (its conntrack mark): random, so a new
+// sandbox on a reused address never matches connections of an old one.
+uint32_t RandomGeneration() {
+  uint32_t g = 0;
+  while (g == 0) {
+    if (::getrandom(&g, sizeof g, 0) != sizeof g) std::abort();
+  }
+  return g;
+}
+}  // namespace
 
 Result<std::shared_ptr<NodeNetwork>> NodeNetwork::Open(const NetworkConfig& config) {
   if (config.pool.prefix > 24 || config.pool.prefix < 8) {
@@ -117,14 +136,16 @@ Result<std::shared_ptr<NodeNetwork>> NodeNetwork::Open(const NetworkConfig& conf
   return n;
 }
 
-NodeNetwork::~NodeNetwork() { proxy_.reset(); }
-
-std::string NodeNetwork::KeyFor(const std::string& id) const {
-  // Sandbox ids are "sb-" and 12 hex digits; anything else is hashed.
-  if (id.size() == 15 && id.starts_with("sb-") && id.find_first_not_of("0123456789abcdef", 3) == std::string::npos) {
-    return id.substr(3);
+NodeNetwork::~NodeNetwork() {
+  {
+    std::lock_guard lock(mu_);
+    stopping_ = true;
   }
-  return HashBytes(id).Hex().substr(0, 12);
+  refill_cv_.notify_all();
+  if (refill_.joinable()) refill_.join();
+  // Warm namespaces are only a cache: they go (their veths with them).
+  for (const auto& slot : warm_) DiscardSlot(slot);
+  proxy_.reset();
 }
 
 size_t NodeNetwork::size() const {
@@ -141,11 +162,7 @@ Result<uint32_t> NodeNetwork::Allocate() {
   // The lowest free address (so addresses are reused), after the gateway.
   const uint32_t first = config_.pool.addr + 2, last = config_.pool.Last() - 1;
   uint32_t candidate = first;
-  for (const auto& [addr, live] : by_address_) {
-    if (addr < candidate) continue;
-    if (addr > candidate) break;
-    ++candidate;
-  }
+  while (candidate <= last && (by_address_.count(candidate) || reserved_.count(candidate))) ++candidate;
   if (candidate > last) return Error(EUSERS, "sandbox address pool " + config_.pool.ToString() + " is full");
   return candidate;
 }
@@ -157,49 +174,115 @@ std::optional<NetPolicy> NodeNetwork::PolicyOf(uint32_t address) const {
   return it->second.net.policy;
 }
 
-Status NodeNetwork::AdmitFor(uint32_t address, const std::string& name, const std::vector<uint32_t>& addrs,
+Status NodeNetwork::AdmitFor(uint32_t address, const std::string& name, const std::vector<uint32_t>& all,
                              const std::vector<uint16_t>& ports, uint32_t seconds) {
-  // (An address in the node's private ranges stays refused by the rules.)
+  // Never what is always refused (a name that resolves to the node's
+  // private ranges or the metadata address): the rules look at admitted
+  // names first.
+  std::vector<uint32_t> addrs;
+  for (uint32_t a : all) {
+    if (!firewall_->AlwaysRefused(a)) addrs.push_back(a);
+  }
+  if (addrs.empty()) return OkStatus();
   std::lock_guard lock(mu_);  // held: a policy change cannot slip between
   auto it = by_address_.find(address);
   if (it == by_address_.end()) return Error(ENOENT, "no sandbox at " + Ipv4ToString(address));
   // The policy may have changed since the proxy asked: only what it admits now.
   if (it->second.net.policy.PortsForName(name) != ports) return Error(EAGAIN, "the policy changed during the lookup of " + name);
-  STRATA_RETURN_IF_ERROR(firewall_->Admit(KeyFor(it->second.id), addrs, ports, seconds));
   auto& resolved = it->second.resolved;
   const auto now = std::chrono::steady_clock::now();
+  // The same answer again while its admission has (nearly) the time it
+  // asks for left: nothing to change (a burst of lookups of one name costs
+  // no rule update each).
+  const auto wanted = now + std::chrono::seconds(seconds) - std::chrono::milliseconds(config_.dns_grace_seconds * 500);
+  for (const auto& r : resolved) {
+    if (r.name == name && r.addresses == addrs && r.ports == ports && r.until >= wanted) return OkStatus();
+  }
+  STRATA_RETURN_IF_ERROR(firewall_->Admit(it->second.net.key, addrs, ports, seconds));
   std::erase_if(resolved, [&](const Resolved& r) { return r.until <= now || r.name == name; });
   if (resolved.size() >= 4096) resolved.erase(resolved.begin());
-  resolved.push_back({name, addrs, now + std::chrono::seconds(seconds)});
+  resolved.push_back({name, addrs, ports, now + std::chrono::seconds(seconds)});
   return OkStatus();
+}
+
+Result<NodeNetwork::Slot> NodeNetwork::Prepare() {
+  Slot slot;
+  slot.key = RandomKey();
+  {
+    std::lock_guard lock(mu_);
+    STRATA_ASSIGN_OR_RETURN(slot.address, Allocate());
+    reserved_.insert(slot.address);
+  }
+  const std::string netns = JoinPath(config_.netns_dir, slot.key);
+  Status s = CreateNetns(netns);
+  if (s.ok()) s = CreateSandboxLink({netns, config_.if_prefix + slot.key, config_.table, slot.address, config_.gateway()});
+  if (!s.ok()) {
+    DiscardSlot(slot);
+    return s.Annotate("prepare a sandbox network");
+  }
+  return slot;
+}
+
+void NodeNetwork::DiscardSlot(const Slot& slot) {
+  // The namespace's last reference goes with its file: the kernel then
+  // removes it and its veth pair in the background (deleting the veth
+  // here would wait out an RCU grace period, 10-20 ms).
+  RemoveNetns(JoinPath(config_.netns_dir, slot.key)).IgnoreError();
+  std::lock_guard lock(mu_);
+  reserved_.erase(slot.address);
+}
+
+void NodeNetwork::Refill() {
+  std::unique_lock lock(mu_);
+  while (!stopping_) {
+    if (warm_.size() >= config_.warm) {
+      refill_cv_.wait(lock);
+      continue;
+    }
+    lock.unlock();
+    auto slot = Prepare();
+    lock.lock();
+    if (!slot.ok()) {
+      STRATA_LOG(kWarn) << "warm sandbox networks: " << slot.status().ToString();
+      refill_cv_.wait_for(lock, std::chrono::seconds(5));
+      continue;
+    }
+    warm_.push_back(*slot);
+  }
 }
 
 Result<SandboxNet> NodeNetwork::Attach(const std::string& id, const NetPolicy& policy) {
   if (!policy.routed()) return Error(EINVAL, "network: only modes allow and open get an interface");
-  SandboxNet net;
-  net.policy = policy;
-  net.ifname = IfnameFor(id);
-  net.netns = JoinPath(config_.netns_dir, id);
+  std::optional<Slot> slot;
   {
     std::lock_guard lock(mu_);
     if (by_id_.count(id)) return Error(EEXIST, "network of sandbox " + id + ": exists");
-    STRATA_ASSIGN_OR_RETURN(net.address, Allocate());
-    by_address_[net.address] = {id, net};
-    by_id_[id] = net.address;
+    if (!warm_.empty()) {
+      slot = warm_.back();
+      warm_.pop_back();
+    }
   }
-  auto undo = [&](Status s) {
-    DeleteLink(net.ifname).IgnoreError();
-    RemoveNetns(net.netns).IgnoreError();
-    std::lock_guard lock(mu_);
-    by_address_.erase(net.address);
-    by_id_.erase(id);
+  refill_cv_.notify_all();
+  if (!slot) {
+    auto made = Prepare();
+    if (!made.ok()) return made.status().Annotate("network of sandbox " + id);
+    slot = *made;
+  }
+  SandboxNet net;
+  net.key = slot->key;
+  net.policy = policy;
+  net.ifname = config_.if_prefix + slot->key;
+  net.netns = JoinPath(config_.netns_dir, slot->key);
+  net.address = slot->address;
+  net.generation = RandomGeneration();
+  if (Status s = firewall_->AddSandbox({net.key, net.ifname, net.address, net.generation, policy}); !s.ok()) {
+    DiscardSlot(*slot);
     return s.Annotate("network of sandbox " + id);
-  };
-  if (Status s = CreateNetns(net.netns); !s.ok()) return undo(s);
-  SandboxLink link{net.netns, net.ifname, config_.table, net.address, config_.gateway()};
-  if (Status s = CreateSandboxLink(link); !s.ok()) return undo(s);
-  SandboxRules rules{KeyFor(id), net.ifname, net.address, net.generation, policy};
-  if (Status s = firewall_->AddSandbox(rules); !s.ok()) return undo(s);
+  }
+  std::lock_guard lock(mu_);
+  reserved_.erase(net.address);
+  by_address_[net.address] = {id, net, {}};
+  by_id_[id] = net.address;
   return net;
 }
 
@@ -214,9 +297,9 @@ Status NodeNetwork::Adopt(const std::string& id, const SandboxNet& net) {
   }
   if (!LinkExists(net.ifname)) return Error(ENOENT, "network of sandbox " + id + ": its interface " + net.ifname + " is gone");
   auto listed = firewall_->List();
-  if (listed.ok() && !listed->count(KeyFor(id))) {
+  if (listed.ok() && !listed->count(net.key)) {
     STRATA_LOG(kWarn) << "sandbox " << id << ": its network rules were gone; made again";
-    return firewall_->AddSandbox({KeyFor(id), net.ifname, net.address, net.generation, net.policy});
+    return firewall_->AddSandbox({net.key, net.ifname, net.address, net.generation, net.policy});
   }
   return listed.status();
 }
@@ -235,8 +318,8 @@ Result<SandboxNet> NodeNetwork::SetPolicy(const std::string& id, const NetPolicy
   }
   next = old;
   next.policy = policy;
-  next.generation = old.generation + 1;
-  SandboxRules after{KeyFor(id), next.ifname, next.address, next.generation, next.policy};
+  next.generation = old.generation + 1 == 0 ? 1 : old.generation + 1;
+  SandboxRules after{next.key, next.ifname, next.address, next.generation, next.policy};
   // Under the lock, so no answer of the proxy lands between: the rules and
   // the proxy's view change together. What names resolved to stays for the
   // names the new policy admits (on its ports, for the time left).
@@ -260,8 +343,12 @@ Status NodeNetwork::Detach(const std::string& id, const SandboxNet& net) {
   auto keep = [&](Status s) {
     if (first.ok() && !s.ok()) first = std::move(s);
   };
-  keep(firewall_->RemoveSandbox(KeyFor(id), net.ifname, net.address));
-  keep(DeleteLink(net.ifname));
+  if (!firewall_->RemoveSandbox(net.key, net.ifname, net.address, false).ok()) {
+    keep(firewall_->RemoveSandbox(net.key, net.ifname, net.address, true));
+  }
+  // The veth goes with the namespace, in the background (see DiscardSlot);
+  // with no namespace file left (a half-removed sandbox), now.
+  if (::access(net.netns.c_str(), F_OK) != 0) keep(DeleteLink(net.ifname));
   keep(RemoveNetns(net.netns));
   proxy_->Forget(net.address);
   std::lock_guard lock(mu_);
@@ -281,7 +368,7 @@ json NodeNetwork::Describe(const std::string& id) {
   json j = net.policy.ToJson();
   j["address"] = Ipv4ToString(net.address);
   j["gateway"] = Ipv4ToString(config_.gateway());
-  auto counters = firewall_->Counters(KeyFor(id));
+  auto counters = firewall_->Counters(net.key);
   DnsCounts dns = proxy_->Counts(net.address);
   j["counters"] = {{"connections_allowed", counters.ok() ? counters->allowed : 0},
                    {"connections_refused", counters.ok() ? counters->refused : 0},
@@ -290,23 +377,26 @@ json NodeNetwork::Describe(const std::string& id) {
   return j;
 }
 
-Status NodeNetwork::Reconcile(const std::set<std::string>& live) {
+Status NodeNetwork::Reconcile() {
   std::set<std::string> keys;
-  for (const auto& id : live) keys.insert(KeyFor(id));
+  {
+    std::lock_guard lock(mu_);
+    for (const auto& [address, live] : by_address_) keys.insert(live.net.key);
+  }
   // Namespaces.
   if (DIR* dir = ::opendir(config_.netns_dir.c_str())) {
     std::vector<std::string> gone;
     while (dirent* e = ::readdir(dir)) {
       std::string name = e->d_name;
-      if (name != "." && name != ".." && !live.count(name)) gone.push_back(name);
+      if (name != "." && name != ".." && !keys.count(name)) gone.push_back(name);
     }
     ::closedir(dir);
     for (const auto& name : gone) {
-      STRATA_LOG(kWarn) << "removing the network namespace of sandbox " << name << " (gone)";
+      STRATA_LOG(kInfo) << "removing network namespace " << name << " (no sandbox has it)";
       RemoveNetns(JoinPath(config_.netns_dir, name)).IgnoreError();
     }
   }
-  // Interfaces.
+  // Interfaces this node made (their alias names its table).
   if (DIR* dir = ::opendir("/sys/class/net")) {
     std::vector<std::string> gone;
     while (dirent* e = ::readdir(dir)) {
@@ -318,7 +408,7 @@ Status NodeNetwork::Reconcile(const std::set<std::string>& live) {
     }
     ::closedir(dir);
     for (const auto& name : gone) {
-      STRATA_LOG(kWarn) << "removing interface " << name << " of a sandbox that is gone";
+      STRATA_LOG(kInfo) << "removing interface " << name << " (no sandbox has it)";
       DeleteLink(name).IgnoreError();
     }
   }
@@ -329,6 +419,8 @@ Status NodeNetwork::Reconcile(const std::set<std::string>& live) {
     STRATA_LOG(kWarn) << "removing the network rules of a sandbox that is gone (" << key << ")";
     STRATA_RETURN_IF_ERROR(firewall_->RemoveSandbox(key, config_.if_prefix + key, address));
   }
+  std::lock_guard lock(mu_);
+  if (config_.warm > 0 && !refill_.joinable()) refill_ = std::thread([this] { Refill(); });
   return OkStatus();
 }
 

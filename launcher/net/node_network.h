@@ -9,6 +9,8 @@
 #include <netinet/in.h>
 
 #include <chrono>
+#include <condition_variable>
+#include <thread>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -36,6 +38,7 @@ struct NetworkConfig {
   uint16_t dns_port = 53;
   uint32_t dns_grace_seconds = 5;
   std::vector<Cidr4> private_ok;          // --allow-private
+  size_t warm = 4;                        // namespaces kept ready (--net-warm)
 
   uint32_t gateway() const { return pool.addr + 1; }
 };
@@ -47,6 +50,7 @@ Result<sockaddr_in> SystemDnsServer(const std::string& resolv_conf = "/etc/resol
 
 // One routed sandbox's plumbing.
 struct SandboxNet {
+  std::string key;         // 12 hex digits: names its namespace, veth and rules
   std::string netns;       // its namespace file
   std::string ifname;      // the node's end of its veth
   uint32_t address = 0;
@@ -75,22 +79,29 @@ class NodeNetwork {
   Status Detach(const std::string& id, const SandboxNet& net);
   // Policy, address and counters.
   nlohmann::json Describe(const std::string& id);
-  // Removes namespaces, veths and rules that belong to no sandbox in `live`
-  // (after a crash: ones made for sandboxes whose state was never saved).
-  Status Reconcile(const std::set<std::string>& live);
+  // Removes namespaces, veths and rules that belong to no sandbox adopted
+  // so far (after a crash: ones made for sandboxes whose state was never
+  // saved, and the dead daemon's warm namespaces); then starts keeping
+  // `warm` namespaces ready.
+  Status Reconcile();
 
   // The resolv.conf every routed sandbox gets.
   std::string ResolvConf() const;
   const NetworkConfig& config() const { return config_; }
-  // The rules' key and the veth's name for a sandbox id.
-  std::string KeyFor(const std::string& id) const;
-  std::string IfnameFor(const std::string& id) const { return config_.if_prefix + KeyFor(id); }
   // How many sandboxes have a network (for metrics).
   size_t size() const;
 
  private:
   NodeNetwork() = default;
   Result<uint32_t> Allocate();
+  // A namespace with its veth, address and routes, not yet anyone's.
+  struct Slot {
+    std::string key;
+    uint32_t address = 0;
+  };
+  Result<Slot> Prepare();
+  void DiscardSlot(const Slot& slot);
+  void Refill();
   std::optional<NetPolicy> PolicyOf(uint32_t address) const;
   Status AdmitFor(uint32_t address, const std::string& name, const std::vector<uint32_t>& addrs,
                   const std::vector<uint16_t>& ports, uint32_t seconds);
@@ -104,6 +115,7 @@ class NodeNetwork {
   struct Resolved {
     std::string name;
     std::vector<uint32_t> addresses;
+    std::vector<uint16_t> ports;
     std::chrono::steady_clock::time_point until;
   };
   struct Live {
@@ -113,6 +125,11 @@ class NodeNetwork {
   };
   std::map<uint32_t, Live> by_address_;   // address -> sandbox
   std::map<std::string, uint32_t> by_id_;
+  std::set<uint32_t> reserved_;           // addresses of slots (warm or being made)
+  std::vector<Slot> warm_;
+  std::condition_variable refill_cv_;
+  std::thread refill_;
+  bool stopping_ = false;
 };
 
 }  // namespace strata::launcher

@@ -22,6 +22,8 @@ NAMES = {
     "w.test": "198.18.1.4",
 }
 RESOLVER = "198.18.0.53"
+# Names that resolve where a sandbox may never go (DNS rebinding).
+REBIND = {"evil.test": "10.99.1.1", "meta.test": "169.254.169.254"}
 PRIVATE_HOST = "10.99.1.1"        # a private address: always refused
 METADATA_HOST = "169.254.169.254"  # the cloud metadata address: always refused
 ROUTES = ["198.18.0.0/15", "10.99.0.0/16", "169.254.169.254/32"]
@@ -55,6 +57,7 @@ class H(BaseHTTPRequestHandler):
 class S(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
+    request_queue_size = 1024
 
 def udp_echo(addr):
     # One socket per address: an answer must come from the address asked.
@@ -112,7 +115,7 @@ class FakeInternet:
         exec_ns = ["ip", "netns", "exec", self.ns]
         dnsmasq = [*exec_ns, "dnsmasq", "--keep-in-foreground", "--no-resolv", "--no-hosts", "--bind-interfaces",
                    "--listen-address=" + RESOLVER, "--pid-file=", f"--local-ttl={self.ttl}", "--log-facility=-"]
-        dnsmasq += [f"--address=/{name}/{addr}" for name, addr in NAMES.items()]
+        dnsmasq += [f"--address=/{name}/{addr}" for name, addr in list(NAMES.items()) + list(REBIND.items())]
         self.procs.append(subprocess.Popen(dnsmasq, stdout=subprocess.DEVNULL, stderr=open(os.path.join(self.dir, "dnsmasq.log"), "w"),
                                            start_new_session=True))
         script = os.path.join(self.dir, "server.py")
