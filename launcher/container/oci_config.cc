@@ -127,7 +127,7 @@ json OciConfig(const ContainerConfig& c) {
   // sysfs needs a network namespace owned by the sandbox's user namespace;
   // with the host's network or one the node made, bind the host's read-only.
   if (c.host_network || !c.netns_path.empty()) {
-    mounts.push_back({{"destination", "/sys"}, {"type", "bind"}, {"source", "/sys"}, {"options", {"rbind", "ro", "nosuid", "noexec", "nodev"}}});
+    mounts.push_back({{"destination", "/sys"}, {"type", "bind"}, {"source", "/sys"}, {"options", {"rbind", "rro", "nosuid", "noexec", "nodev"}}});
   } else {
     mounts.push_back({{"destination", "/sys"}, {"type", "sysfs"}, {"source", "sysfs"}, {"options", {"nosuid", "noexec", "nodev", "ro"}}});
   }

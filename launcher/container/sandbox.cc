@@ -620,10 +620,12 @@ Status Sandbox::SetNetwork(const NetPolicy& policy) {
     return Error(EBADSLT, StrCat("network of ", id_, ": it was created without an interface (mode ", NetModeName(spec_.network.mode),
                                  "); create it with mode allow or open (an empty allow list reaches nothing) to change it later"));
   }
-  STRATA_ASSIGN_OR_RETURN(SandboxNet next, node_.network->SetPolicy(id_, policy));
+  STRATA_ASSIGN_OR_RETURN(SandboxNet next, node_.network->SetPolicy(id_, policy, [this](const SandboxNet& n) {
+    return SaveState({{"net", n.ToJson()}});
+  }));
   net_ = next;
   spec_.network = policy;
-  return SaveState({{"net", next.ToJson()}});
+  return OkStatus();
 }
 
 Status SweepStaleSandboxes(const NodeConfig& node) {

@@ -110,13 +110,20 @@ std::string EmptyAnswer(std::string_view query, const Question& q, int rcode) {
 namespace {
 constexpr int kNxDomain = 3, kRefused = 5, kServFail = 2;
 constexpr int kMaxTcpConnections = 256;
+constexpr int kMaxTcpPerSource = 8;
+constexpr int kMaxQueued = 1024;      // UDP queries waiting or in flight, in all
+constexpr int kMaxQueuedPerSource = 64;
 constexpr uint16_t kTypeA = 1, kTypeAAAA = 28;
 
+// Reads n bytes within timeout_ms in all (a trickle does not extend it).
 bool ReadFull(int fd, void* buf, size_t n, int timeout_ms) {
   auto* p = static_cast<char*>(buf);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
   while (n) {
+    const int left = static_cast<int>(
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count());
     pollfd pfd{fd, POLLIN, 0};
-    if (::poll(&pfd, 1, timeout_ms) <= 0) return false;
+    if (left <= 0 || ::poll(&pfd, 1, left) <= 0) return false;
     ssize_t r = ::read(fd, p, n);
     if (r <= 0) return false;
     p += r;
@@ -152,6 +159,7 @@ Result<std::unique_ptr<DnsProxy>> DnsProxy::Start(const DnsProxyConfig& config, 
   addr.sin_port = htons(config.port);
   addr.sin_addr.s_addr = htonl(config.listen);
   const std::string where = StrCat(Ipv4ToString(config.listen), ":", config.port);
+  (void)kMaxQueued;
   int one = 1;
   p->udp_ = UniqueFd(::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
   p->tcp_ = UniqueFd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
@@ -177,8 +185,13 @@ DnsProxy::~DnsProxy() {
   if (wake_w_.get() >= 0) (void)!::write(wake_w_.get(), "x", 1);
   if (udp_thread_.joinable()) udp_thread_.join();
   if (tcp_thread_.joinable()) tcp_thread_.join();
-  pool_.reset();
-  for (int i = 0; i < 500 && tcp_connections_ > 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  // Connections end at once (their reads see the shutdown), and none
+  // outlives the proxy: they call its hooks.
+  std::unique_lock lock(mu_);
+  for (int fd : tcp_fds_) ::shutdown(fd, SHUT_RDWR);
+  tcp_done_.wait(lock, [this] { return tcp_fds_.empty(); });
+  lock.unlock();
+  pool_.reset();  // (finishes queued queries first)
 }
 
 DnsCounts DnsProxy::Counts(uint32_t source) const {
@@ -203,12 +216,25 @@ void DnsProxy::ServeUdp() {
     socklen_t len = sizeof from;
     ssize_t n = ::recvfrom(udp_.get(), buf, sizeof buf, MSG_DONTWAIT, reinterpret_cast<sockaddr*>(&from), &len);
     if (n <= 0) continue;
+    // Bounded: a flood (or names whose servers never answer) drops
+    // queries, first those of the source that floods; clients retry.
+    const uint32_t source = ntohl(from.sin_addr.s_addr);
+    {
+      std::lock_guard lock(mu_);
+      int& mine = queued_[source];
+      if (queued_total_ >= kMaxQueued || mine >= kMaxQueuedPerSource) continue;
+      ++mine;
+      ++queued_total_;
+    }
     std::string query(buf, static_cast<size_t>(n));
-    pool_->Submit([this, from, query = std::move(query)] {
-      std::string answer = Handle(ntohl(from.sin_addr.s_addr), query, false);
+    pool_->Submit([this, from, source, query = std::move(query)] {
+      std::string answer = Handle(source, query, false);
       if (!answer.empty()) {
         ::sendto(udp_.get(), answer.data(), answer.size(), 0, reinterpret_cast<const sockaddr*>(&from), sizeof from);
       }
+      std::lock_guard lock(mu_);
+      if (--queued_[source] <= 0) queued_.erase(source);
+      --queued_total_;
     });
   }
 }
@@ -223,11 +249,22 @@ void DnsProxy::ServeTcp() {
     socklen_t len = sizeof from;
     UniqueFd fd(::accept4(tcp_.get(), reinterpret_cast<sockaddr*>(&from), &len, SOCK_CLOEXEC));
     if (fd.get() < 0) continue;
-    if (tcp_connections_ >= kMaxTcpConnections) continue;  // (closed: the client retries)
-    ++tcp_connections_;
-    std::thread([this, fd = std::move(fd), source = ntohl(from.sin_addr.s_addr)]() mutable {
+    const uint32_t source = ntohl(from.sin_addr.s_addr);
+    {
+      // (Refused ones are closed: the client retries.)
+      std::lock_guard lock(mu_);
+      int& mine = tcp_by_source_[source];
+      if (tcp_fds_.size() >= kMaxTcpConnections || mine >= kMaxTcpPerSource) continue;
+      ++mine;
+      tcp_fds_.insert(fd.get());
+    }
+    std::thread([this, fd = std::move(fd), source]() mutable {
+      const int raw = fd.get();
       ServeTcpConnection(std::move(fd), source);
-      --tcp_connections_;
+      std::lock_guard lock(mu_);
+      tcp_fds_.erase(raw);
+      if (--tcp_by_source_[source] <= 0) tcp_by_source_.erase(source);
+      tcp_done_.notify_all();
     }).detach();
   }
 }
@@ -253,7 +290,7 @@ std::string DnsProxy::Handle(uint32_t source, std::string_view query, bool tcp) 
     dns::Question header_only;
     header_only.end = 12;
     std::string r = dns::EmptyAnswer(query, header_only, 1);  // FORMERR
-    r[5] = 0;  // no question echoed
+    r[4] = r[5] = 0;  // no question echoed
     return r;
   }
   std::optional<NetPolicy> policy = hooks_.policy ? hooks_.policy(source) : std::nullopt;

@@ -11,6 +11,8 @@
 #include <netinet/in.h>
 
 #include <atomic>
+#include <condition_variable>
+#include <set>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -75,7 +77,11 @@ class DnsProxy {
   DnsProxyHooks hooks_;
   UniqueFd udp_, tcp_, wake_r_, wake_w_;
   std::atomic<bool> stopping_{false};
-  std::atomic<int> tcp_connections_{0};
+  std::set<int> tcp_fds_;                   // open TCP connections (under mu_)
+  std::map<uint32_t, int> tcp_by_source_;
+  std::condition_variable tcp_done_;
+  std::map<uint32_t, int> queued_;          // UDP queries per source
+  int queued_total_ = 0;
   std::unique_ptr<ThreadPool> pool_;
   std::thread udp_thread_, tcp_thread_;
   mutable std::mutex mu_;

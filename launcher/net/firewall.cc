@@ -155,6 +155,13 @@ Result<std::unique_ptr<Firewall>> Firewall::Open(const FirewallConfig& config) {
   s += StrCat("add rule inet ", t, " forward iifname @ifs4 jump from_sandbox\n");
   s += StrCat("add rule inet ", t, " forward oifname @ifs4 jump to_sandbox\n");
   s += StrCat("add rule inet ", t, " input iifname @ifs4 jump node_from_sandbox\n");
+  // Fail closed: a pool address on any interface without rules (a warm
+  // namespace, a veth whose rules are gone) reaches nothing, and a pool
+  // address arriving from elsewhere is a spoof.
+  const std::string pool = config.pool.ToString();
+  s += StrCat("add rule inet ", t, " forward ip saddr ", pool, " drop\n");
+  s += StrCat("add rule inet ", t, " forward ip daddr ", pool, " drop\n");
+  s += StrCat("add rule inet ", t, " input iifname != \"lo\" ip saddr ", pool, " drop\n");
   // From a sandbox: only from its own address on its own interface, then
   // its chain (which knows its open connections by their mark). IPv6
   // (sandboxes have none) matches no `ip` rule and ends at the drop.
@@ -162,6 +169,7 @@ Result<std::unique_ptr<Firewall>> Firewall::Open(const FirewallConfig& config) {
   s += StrCat("add rule inet ", t, " from_sandbox ip saddr vmap @out4\n");
   s += StrCat("add rule inet ", t, " from_sandbox drop\n");
   // To a sandbox: answers only (nothing opens a connection into one).
+  s += StrCat("add rule inet ", t, " to_sandbox ct state invalid drop\n");
   s += StrCat("add rule inet ", t, " to_sandbox ct direction original goto refuse\n");
   s += StrCat("add rule inet ", t, " to_sandbox ip daddr vmap @in4\n");
   s += StrCat("add rule inet ", t, " to_sandbox drop\n");

@@ -137,6 +137,7 @@ Result<std::shared_ptr<NodeNetwork>> NodeNetwork::Open(const NetworkConfig& conf
 }
 
 NodeNetwork::~NodeNetwork() {
+  proxy_.reset();  // first: its threads call into this object
   {
     std::lock_guard lock(mu_);
     stopping_ = true;
@@ -145,7 +146,6 @@ NodeNetwork::~NodeNetwork() {
   if (refill_.joinable()) refill_.join();
   // Warm namespaces are only a cache: they go (their veths with them).
   for (const auto& slot : warm_) DiscardSlot(slot);
-  proxy_.reset();
 }
 
 size_t NodeNetwork::size() const {
@@ -187,6 +187,9 @@ Status NodeNetwork::AdmitFor(uint32_t address, const std::string& name, const st
   std::lock_guard lock(mu_);  // held: a policy change cannot slip between
   auto it = by_address_.find(address);
   if (it == by_address_.end()) return Error(ENOENT, "no sandbox at " + Ipv4ToString(address));
+  // `open` admits every public address anyway; admitting its names would
+  // only open the DNS-over-HTTPS resolvers' port 443 (checked after names).
+  if (it->second.net.policy.mode != NetMode::kAllow) return OkStatus();
   // The policy may have changed since the proxy asked: only what it admits now.
   if (it->second.net.policy.PortsForName(name) != ports) return Error(EAGAIN, "the policy changed during the lookup of " + name);
   auto& resolved = it->second.resolved;
@@ -199,7 +202,7 @@ Status NodeNetwork::AdmitFor(uint32_t address, const std::string& name, const st
     if (r.name == name && r.addresses == addrs && r.ports == ports && r.until >= wanted) return OkStatus();
   }
   STRATA_RETURN_IF_ERROR(firewall_->Admit(it->second.net.key, addrs, ports, seconds));
-  std::erase_if(resolved, [&](const Resolved& r) { return r.until <= now || r.name == name; });
+  std::erase_if(resolved, [&](const Resolved& r) { return r.until <= now || (r.name == name && r.addresses == addrs); });
   if (resolved.size() >= 4096) resolved.erase(resolved.begin());
   resolved.push_back({name, addrs, ports, now + std::chrono::seconds(seconds)});
   return OkStatus();
@@ -296,15 +299,22 @@ Status NodeNetwork::Adopt(const std::string& id, const SandboxNet& net) {
     by_id_[id] = net.address;
   }
   if (!LinkExists(net.ifname)) return Error(ENOENT, "network of sandbox " + id + ": its interface " + net.ifname + " is gone");
+  // The recorded policy is the truth (a crash may have come between
+  // recording a change and making it): its rules are made again as
+  // recorded, with the same generation, so open connections it admitted
+  // carry on. What names resolved to goes (the next lookup admits again).
   auto listed = firewall_->List();
-  if (listed.ok() && !listed->count(net.key)) {
+  if (!listed.ok()) return listed.status();
+  SandboxRules rules{net.key, net.ifname, net.address, net.generation, net.policy};
+  if (!listed->count(net.key)) {
     STRATA_LOG(kWarn) << "sandbox " << id << ": its network rules were gone; made again";
-    return firewall_->AddSandbox({net.key, net.ifname, net.address, net.generation, net.policy});
+    return firewall_->AddSandbox(rules);
   }
-  return listed.status();
+  return firewall_->ReplacePolicy(rules, {});
 }
 
-Result<SandboxNet> NodeNetwork::SetPolicy(const std::string& id, const NetPolicy& policy) {
+Result<SandboxNet> NodeNetwork::SetPolicy(const std::string& id, const NetPolicy& policy,
+                                          const std::function<Status(const SandboxNet&)>& persist) {
   if (policy.mode == NetMode::kHost) return Error(EINVAL, "network: a live sandbox cannot change to the host's network");
   SandboxNet old, next;
   {
@@ -314,7 +324,9 @@ Result<SandboxNet> NodeNetwork::SetPolicy(const std::string& id, const NetPolicy
       return Error(EBADSLT, "network of sandbox " + id + ": it was created without an interface (mode none or host); "
                             "create it with mode allow or open (an empty allow list reaches nothing) to change it later");
     }
-    old = by_address_[it->second].net;
+    auto live = by_address_.find(it->second);
+    if (live == by_address_.end()) return Error(ENOENT, "network of sandbox " + id + ": gone");
+    old = live->second.net;
   }
   next = old;
   next.policy = policy;
@@ -324,8 +336,9 @@ Result<SandboxNet> NodeNetwork::SetPolicy(const std::string& id, const NetPolicy
   // the proxy's view change together. What names resolved to stays for the
   // names the new policy admits (on its ports, for the time left).
   std::lock_guard lock(mu_);
-  Live& live = by_address_[next.address];
-  if (live.id != id) return Error(ENOENT, "network of sandbox " + id + ": gone");
+  auto found = by_address_.find(next.address);
+  if (found == by_address_.end() || found->second.id != id) return Error(ENOENT, "network of sandbox " + id + ": gone");
+  Live& live = found->second;
   std::vector<Firewall::Admission> keep;
   const auto now = std::chrono::steady_clock::now();
   std::erase_if(live.resolved, [&](const Resolved& r) { return r.until <= now || policy.PortsForName(r.name).empty(); });
@@ -333,7 +346,12 @@ Result<SandboxNet> NodeNetwork::SetPolicy(const std::string& id, const NetPolicy
     const auto left = std::chrono::duration_cast<std::chrono::seconds>(r.until - now).count();
     keep.push_back({r.addresses, policy.PortsForName(r.name), static_cast<uint32_t>(std::max<int64_t>(left, 1))});
   }
-  STRATA_RETURN_IF_ERROR(firewall_->ReplacePolicy(after, keep));
+  // Recorded first: after a crash the recorded policy is made again.
+  if (persist) STRATA_RETURN_IF_ERROR(persist(next).Annotate("record the new network policy"));
+  if (Status s = firewall_->ReplacePolicy(after, keep); !s.ok()) {
+    if (persist) persist(old).IgnoreError();
+    return s;
+  }
   live.net = next;
   return next;
 }
@@ -343,8 +361,11 @@ Status NodeNetwork::Detach(const std::string& id, const SandboxNet& net) {
   auto keep = [&](Status s) {
     if (first.ok() && !s.ok()) first = std::move(s);
   };
-  if (!firewall_->RemoveSandbox(net.key, net.ifname, net.address, false).ok()) {
-    keep(firewall_->RemoveSandbox(net.key, net.ifname, net.address, true));
+  bool rules_gone = firewall_->RemoveSandbox(net.key, net.ifname, net.address, false).ok();
+  if (!rules_gone) {
+    Status s = firewall_->RemoveSandbox(net.key, net.ifname, net.address, true);
+    rules_gone = s.ok();
+    keep(std::move(s));
   }
   // The veth goes with the namespace, in the background (see DiscardSlot);
   // with no namespace file left (a half-removed sandbox), now.
@@ -354,6 +375,9 @@ Status NodeNetwork::Detach(const std::string& id, const SandboxNet& net) {
   std::lock_guard lock(mu_);
   if (auto it = by_address_.find(net.address); it != by_address_.end() && it->second.id == id) by_address_.erase(it);
   by_id_.erase(id);
+  // Rules that would not go keep their address out of use (a new sandbox
+  // on it would clash with them) until recovery removes them.
+  if (!rules_gone) reserved_.insert(net.address);
   return first.Annotate("remove the network of sandbox " + id);
 }
 
@@ -413,15 +437,18 @@ Status NodeNetwork::Reconcile() {
     }
   }
   // Rules.
-  STRATA_ASSIGN_OR_RETURN(auto listed, firewall_->List());
-  for (const auto& [key, address] : listed) {
+  Status first;
+  auto listed = firewall_->List();
+  if (!listed.ok()) first = listed.status();
+  for (const auto& [key, address] : listed.ok() ? *listed : std::map<std::string, uint32_t>{}) {
     if (keys.count(key)) continue;
     STRATA_LOG(kWarn) << "removing the network rules of a sandbox that is gone (" << key << ")";
-    STRATA_RETURN_IF_ERROR(firewall_->RemoveSandbox(key, config_.if_prefix + key, address));
+    Status s = firewall_->RemoveSandbox(key, config_.if_prefix + key, address);
+    if (!s.ok() && first.ok()) first = s;
   }
   std::lock_guard lock(mu_);
   if (config_.warm > 0 && !refill_.joinable()) refill_ = std::thread([this] { Refill(); });
-  return OkStatus();
+  return first;
 }
 
 }  // namespace strata::launcher

@@ -12,6 +12,7 @@
 #include <condition_variable>
 #include <thread>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -73,8 +74,11 @@ class NodeNetwork {
   // Takes over a sandbox after a daemon restart (its rules stay in the
   // kernel; they are made again if missing).
   Status Adopt(const std::string& id, const SandboxNet& net);
-  // A new policy for a live sandbox; returns its new state.
-  Result<SandboxNet> SetPolicy(const std::string& id, const NetPolicy& policy);
+  // A new policy for a live sandbox; returns its new state. `persist`
+  // records the new state before the rules change (and the old one again
+  // when they cannot).
+  Result<SandboxNet> SetPolicy(const std::string& id, const NetPolicy& policy,
+                               const std::function<Status(const SandboxNet&)>& persist = nullptr);
   // Removes everything of the sandbox; idempotent.
   Status Detach(const std::string& id, const SandboxNet& net);
   // Policy, address and counters.
