@@ -25,6 +25,7 @@ RESOLVER = "198.18.0.53"
 # Names that resolve where a sandbox may never go (DNS rebinding).
 REBIND = {"evil.test": "10.99.1.1", "meta.test": "169.254.169.254"}
 PRIVATE_HOST = "10.99.1.1"        # a private address: always refused
+ALLOWED_PRIVATE_HOST = "10.99.2.1"  # in the range the tests' daemon allows (--allow-private 10.99.2.0/24)
 METADATA_HOST = "169.254.169.254"  # the cloud metadata address: always refused
 ROUTES = ["198.18.0.0/15", "10.99.0.0/16", "169.254.169.254/32"]
 
@@ -107,7 +108,7 @@ class FakeInternet:
         sh(*inside, "addr", "add", "198.18.0.2/30", "dev", "eth0")
         sh(*inside, "link", "set", "eth0", "up")
         sh(*inside, "link", "set", "lo", "up")
-        for a in list(NAMES.values()) + [RESOLVER, PRIVATE_HOST, METADATA_HOST]:
+        for a in list(NAMES.values()) + [RESOLVER, PRIVATE_HOST, ALLOWED_PRIVATE_HOST, METADATA_HOST]:
             sh(*inside, "addr", "add", a + "/32", "dev", "lo")
         sh(*inside, "route", "add", "default", "via", "198.18.0.1")
         for r in ROUTES:

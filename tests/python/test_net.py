@@ -17,7 +17,7 @@ import pytest
 
 import strata
 from conftest import LAUNCHER, _skip_reason, make_node
-from fake_internet import NAMES, METADATA_HOST, PRIVATE_HOST, RESOLVER, FakeInternet
+from fake_internet import ALLOWED_PRIVATE_HOST, NAMES, METADATA_HOST, PRIVATE_HOST, RESOLVER, FakeInternet
 
 POOL = "10.215.0.0/24"
 GATEWAY = "10.215.0.1"
@@ -100,7 +100,8 @@ def host_server():
 
 @pytest.fixture(scope="module")
 def net_node(internet):
-    n = make_node(extra=["--net-pool", POOL, "--dns-upstream", RESOLVER, "--dns-grace", "1"])
+    n = make_node(extra=["--net-pool", POOL, "--dns-upstream", RESOLVER, "--dns-grace", "1",
+                         "--allow-private", "10.99.2.0/24"])
     try:
         yield n
     finally:
@@ -280,6 +281,9 @@ def test_open_mode(client, net_node, host_server):
         refused(sb, GATEWAY, HOST_PORT)
         refused(sb, PRIVATE_HOST)
         refused(sb, METADATA_HOST)
+        # A private range the operator allows (--allow-private 10.99.2.0/24).
+        code, out = fetch(sb, ALLOWED_PRIVATE_HOST)
+        assert code == 0 and ALLOWED_PRIVATE_HOST in out, out
 
 
 def test_changes_refused_where_they_cannot_apply(client, net_node, internet):
