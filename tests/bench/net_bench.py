@@ -26,26 +26,13 @@ sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
 import conftest  # noqa: E402  (the tests' Node: a daemon of its own)
 from fake_internet import NAMES, RESOLVER, FakeInternet  # noqa: E402
 import strata  # noqa: E402
+from bench_table import pct, table  # noqa: E402
 
 POOL = "10.216.0.0/24"
 TABLE = "strata_10_216_0_0_24"
 GATEWAY = "10.216.0.1"
 PLAIN_NS = "strata-bench-plain"
 PROBE = os.path.join(conftest.BUILD, "tests", "python", "net_probe")
-
-
-def pct(samples, p):
-    s = sorted(samples)
-    return s[min(len(s) - 1, int(p / 100 * len(s)))]
-
-
-def table(header, rows):
-    widths = [max(len(str(r[i])) for r in [header] + rows) for i in range(len(header))]
-    line = lambda r: "| " + " | ".join(str(v).ljust(w) for v, w in zip(r, widths)) + " |"
-    print(line(header))
-    print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
-    for r in rows:
-        print(line(r))
 
 
 def sh(*argv):

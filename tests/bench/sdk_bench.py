@@ -25,6 +25,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
 
 import conftest  # noqa: E402  (the tests' Node: a daemon of its own)
 import strata  # noqa: E402
+from bench_table import pct, table  # noqa: E402
 
 
 class UnixHTTPConnection(http.client.HTTPConnection):
@@ -35,20 +36,6 @@ class UnixHTTPConnection(http.client.HTTPConnection):
     def connect(self):
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.connect(self.path)
-
-
-def pct(samples, p):
-    s = sorted(samples)
-    return s[min(len(s) - 1, int(p / 100 * len(s)))]
-
-
-def table(header, rows):
-    widths = [max(len(str(r[i])) for r in [header] + rows) for i in range(len(header))]
-    line = lambda r: "| " + " | ".join(str(v).ljust(w) for v, w in zip(r, widths)) + " |"
-    print(line(header))
-    print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
-    for r in rows:
-        print(line(r))
 
 
 async def exec_rows(node, calls):
