@@ -415,7 +415,6 @@ int main(int argc, char** argv) {
     nc.pool = *pool;
     nc.dns_grace_seconds = dns_grace;
     nc.warm = net_warm;
-    nc.netns_dir = JoinPath(Dirname(node.run_dir), "netns");
     if (!dns_upstream.empty()) {
       auto up = ParseDnsServer(dns_upstream);
       if (!up.ok()) return Fail(up.status().Annotate("--dns-upstream"));

@@ -102,6 +102,8 @@ Result<std::shared_ptr<NodeNetwork>> NodeNetwork::Open(const NetworkConfig& conf
     n->config_.table = t;
   }
   STRATA_RETURN_IF_ERROR(PrepareNetnsDir(config.netns_dir).Annotate("sandbox networks"));
+  n->config_.netns_dir = JoinPath(config.netns_dir, n->config_.table);
+  STRATA_RETURN_IF_ERROR(MakeDirs(n->config_.netns_dir, 0755).Annotate("sandbox networks"));
   STRATA_RETURN_IF_ERROR(EnsureGatewayAddress(config.gateway()).Annotate("sandbox networks: gateway"));
   DnsProxyConfig pc;
   pc.listen = config.gateway();

@@ -33,6 +33,8 @@ namespace strata::launcher {
 struct NetworkConfig {
   Cidr4 pool{0x0ad50000, 16};             // 10.213.0.0/16: .1 is the gateway
   std::string table;                      // empty: "strata_" and the pool (one per node)
+  // Namespace files live in netns_dir/TABLE (one directory per node; the
+  // host's one shared mount of netns_dir, as `ip netns` makes /run/netns).
   std::string netns_dir = "/run/strata/netns";
   std::string if_prefix = "sx";
   std::optional<sockaddr_in> dns_upstream;  // empty: the node's /etc/resolv.conf

@@ -122,7 +122,7 @@ def main():
         if node:
             node.cleanup()
         for argv in (["nft", "delete", "table", "inet", TABLE], ["nft", "delete", "table", "ip", TABLE + "_nat"],
-                     ["ip", "addr", "del", "10.216.0.1/32", "dev", "lo"]):
+                     ["ip", "addr", "del", "10.216.0.1/32", "dev", "lo"], ["rmdir", "/run/strata/netns/" + TABLE]):
             subprocess.run(argv, capture_output=True)
         remove_plain_namespace()
         net.stop()

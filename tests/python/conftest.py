@@ -127,10 +127,6 @@ class Node:
                 os.rmdir(f"/sys/fs/cgroup/{c}/{self.cgroup}")
             except OSError:
                 pass
-        # The node's network namespace directory (a mount of itself).
-        netns = os.path.join(self.root, "netns")
-        if os.path.isdir(netns):  # (a bind mount on the same filesystem: os.path.ismount cannot tell)
-            subprocess.run(["umount", "-l", netns], capture_output=True)
         try:
             os.rmdir(self.uppers)
         except OSError as e:

@@ -22,6 +22,7 @@ from fake_internet import ALLOWED_PRIVATE_HOST, NAMES, METADATA_HOST, PRIVATE_HO
 POOL = "10.215.0.0/24"
 GATEWAY = "10.215.0.1"
 TABLE = "strata_10_215_0_0_24"
+NETNS = "/run/strata/netns/" + TABLE  # the node's namespace files
 HOST_PORT = 18080  # a server of the node's own, on every address
 
 
@@ -41,7 +42,7 @@ def node_leftovers(node, wait=3.0):
     deadline = time.monotonic() + wait
     while True:
         left = []
-        netns_dir = os.path.join(node.root, "netns")
+        netns_dir = NETNS
         spaces = set(os.listdir(netns_dir)) if os.path.isdir(netns_dir) else set()
         if len(spaces) > WARM:
             left += ["netns " + n for n in sorted(spaces)]
@@ -109,6 +110,10 @@ def net_node(internet):
         subprocess.run(["nft", "delete", "table", "inet", TABLE], capture_output=True)
         subprocess.run(["nft", "delete", "table", "ip", TABLE + "_nat"], capture_output=True)
         subprocess.run(["ip", "addr", "del", GATEWAY + "/32", "dev", "lo"], capture_output=True)
+        try:
+            os.rmdir(NETNS)
+        except OSError:
+            pass
 
 
 @pytest.fixture
@@ -303,7 +308,7 @@ def test_restart_keeps_rules_and_leaves_nothing(client, net_node):
         assert fetch(sb, "a.test")[0] == 0
         # A half-made sandbox network of a crashed daemon: a namespace and a
         # veth with this node's alias, never recorded.
-        orphan = os.path.join(net_node.root, "netns", "sb-0123456789ab")
+        orphan = os.path.join(NETNS, "sb-0123456789ab")
         open(orphan, "w").close()
         subprocess.run(["unshare", f"--net={orphan}", "true"], check=True)
         subprocess.run(["ip", "link", "add", "sx0123456789ab", "type", "veth", "peer", "name", "sxpeer0"], check=True)
@@ -313,7 +318,7 @@ def test_restart_keeps_rules_and_leaves_nothing(client, net_node):
         assert fetch(sb, "a.test")[0] == 0
         assert not resolves(sb, "b.test")[0]
         refused(sb, NAMES["b.test"])
-        assert "sb-0123456789ab" not in os.listdir(os.path.join(net_node.root, "netns"))
+        assert "sb-0123456789ab" not in os.listdir(NETNS)
         assert not os.path.exists("/sys/class/net/sx0123456789ab")
     finally:
         sb.destroy()
