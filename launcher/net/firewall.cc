@@ -121,6 +121,7 @@ Result<std::unique_ptr<Firewall>> Firewall::Open(const FirewallConfig& config) {
     s += StrCat("add set inet ", t, " src4 { type ifname . ipv4_addr; }\n");
     s += StrCat("add map inet ", t, " out4 { type ipv4_addr : verdict; }\n");
     s += StrCat("add map inet ", t, " in4 { type ipv4_addr : verdict; }\n");
+    s += StrCat("add map inet ", t, " refused4 { type ipv4_addr : counter; }\n");
     s += StrCat("add chain inet ", t, " refuse\n");
     s += StrCat("add chain inet ", t, " refuse_answer\n");
     s += StrCat("add chain inet ", t, " from_sandbox\n");
@@ -177,6 +178,8 @@ Result<std::unique_ptr<Firewall>> Firewall::Open(const FirewallConfig& config) {
   s += StrCat("add rule inet ", t, " node_from_sandbox iifname . ip saddr != @src4 drop\n");
   s += StrCat("add rule inet ", t, " node_from_sandbox ip daddr ", gw, " udp dport ", config.dns_port, " accept\n");
   s += StrCat("add rule inet ", t, " node_from_sandbox ip daddr ", gw, " tcp dport ", config.dns_port, " accept\n");
+  // (Two rules: a sandbox without a counter element must be refused too.)
+  s += StrCat("add rule inet ", t, " node_from_sandbox counter name ip saddr map @refused4\n");
   s += StrCat("add rule inet ", t, " node_from_sandbox goto refuse\n");
   s += StrCat("add rule ip ", t, "_nat postrouting ip saddr ", config.pool.ToString(), " oifname != \"", pre,
               "\" masquerade\n");
@@ -286,6 +289,7 @@ Status Firewall::AddSandbox(const SandboxRules& r) {
   s += StrCat("add element inet ", t, " src4 { \"", r.ifname, "\" . ", a, " }\n");
   s += StrCat("add element inet ", t, " out4 { ", a, " : goto o_", r.key, " }\n");
   s += StrCat("add element inet ", t, " in4 { ", a, " : goto r_", r.key, " }\n");
+  s += StrCat("add element inet ", t, " refused4 { ", a, " : \"no_", r.key, "\" }\n");
   return Run(s).Annotate("nftables: add the rules of sandbox " + r.key);
 }
 
@@ -334,6 +338,7 @@ Status Firewall::RemoveSandbox(const std::string& key, const std::string& ifname
     s += StrCat("delete element inet ", t, " src4 { \"", ifname, "\" . ", a, " }\n");
     s += StrCat("delete element inet ", t, " out4 { ", a, " }\n");
     s += StrCat("delete element inet ", t, " in4 { ", a, " }\n");
+    s += StrCat("delete element inet ", t, " refused4 { ", a, " }\n");
   }
   for (const char* chain : {"o_", "r_"}) s += StrCat("delete chain inet ", t, " ", chain, key, "\n");
   for (const char* set : {"n_", "np_", "c_", "cp_"}) s += StrCat("delete set inet ", t, " ", set, key, "\n");
