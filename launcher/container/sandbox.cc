@@ -613,6 +613,7 @@ json Sandbox::NetworkInfo() const {
 }
 
 Status Sandbox::SetNetwork(const NetPolicy& policy) {
+  if (policy.mode == NetMode::kHost) return Error(EINVAL, "network: a live sandbox cannot change to the host's network");
   if (spec_.backend == "fncall") {
     return Error(EBADSLT, "network of " + id_ + ": a function-call sandbox's policy is its pool's, fixed at create");
   }

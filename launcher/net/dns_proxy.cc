@@ -113,7 +113,7 @@ constexpr int kMaxTcpConnections = 256;
 constexpr int kMaxTcpPerSource = 8;
 constexpr int kMaxQueued = 1024;      // UDP queries waiting or in flight, in all
 constexpr int kMaxQueuedPerSource = 64;
-constexpr uint16_t kTypeA = 1, kTypeAAAA = 28;
+constexpr uint16_t kTypeAAAA = 28;
 
 // Reads n bytes within timeout_ms in all (a trickle does not extend it).
 bool ReadFull(int fd, void* buf, size_t n, int timeout_ms) {
@@ -159,7 +159,6 @@ Result<std::unique_ptr<DnsProxy>> DnsProxy::Start(const DnsProxyConfig& config, 
   addr.sin_port = htons(config.port);
   addr.sin_addr.s_addr = htonl(config.listen);
   const std::string where = StrCat(Ipv4ToString(config.listen), ":", config.port);
-  (void)kMaxQueued;
   int one = 1;
   p->udp_ = UniqueFd(::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
   p->tcp_ = UniqueFd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
@@ -325,7 +324,6 @@ std::string DnsProxy::Handle(uint32_t source, std::string_view query, bool tcp) 
     std::lock_guard lock(mu_);
     ++counts_[source].answered;
   }
-  (void)kTypeA;
   return *answer;
 }
 

@@ -76,6 +76,9 @@ Firewall::~Firewall() {
 Result<std::unique_ptr<Firewall>> Firewall::Open(const FirewallConfig& config) {
   std::unique_ptr<Firewall> fw(new Firewall());
   fw->config_ = config;
+  for (const char* r : kNeverRanges) fw->never_.push_back(*Cidr4::Parse(r));
+  fw->never_.push_back(config.pool);
+  for (const char* r : kPrivateRanges) fw->private_.push_back(*Cidr4::Parse(r));
   STRATA_ASSIGN_OR_RETURN(DynamicLibrary lib, DynamicLibrary::Open(STRATA_NFTABLES_SONAME, "libnftables1"));
   auto l = std::make_unique<Lib>();
   STRATA_RETURN_IF_ERROR(lib.Resolve(l->ctx_new, "nft_ctx_new"));
@@ -98,11 +101,8 @@ Result<std::unique_ptr<Firewall>> Firewall::Open(const FirewallConfig& config) {
   const std::string& t = config.table;
   const std::string pre = config.if_prefix + "*";
   const std::string gw = Ipv4ToString(config.gateway);
-  std::vector<Cidr4> never;
-  for (const char* r : kNeverRanges) never.push_back(*Cidr4::Parse(r));
-  never.push_back(config.pool);
   std::string never_text, private_text, ok_text, doh_text;
-  for (const auto& r : MergeRanges(never)) never_text += (never_text.empty() ? "" : ", ") + RangeText(r);
+  for (const auto& r : MergeRanges(fw->never_)) never_text += (never_text.empty() ? "" : ", ") + RangeText(r);
   for (const char* r : kPrivateRanges) private_text += (private_text.empty() ? "" : ", ") + std::string(r);
   for (const auto& r : MergeRanges(config.private_ok)) ok_text += (ok_text.empty() ? "" : ", ") + RangeText(r);
   for (const char* r : kDohResolvers) doh_text += (doh_text.empty() ? "" : ", ") + std::string(r);
@@ -361,12 +361,11 @@ Result<FirewallCounters> Firewall::Counters(const std::string& key) {
 }
 
 bool Firewall::AlwaysRefused(uint32_t address) const {
-  if (config_.pool.Contains(address)) return true;
-  for (const char* r : kNeverRanges) {
-    if (Cidr4::Parse(r)->Contains(address)) return true;
+  for (const auto& r : never_) {
+    if (r.Contains(address)) return true;
   }
-  for (const char* r : kPrivateRanges) {
-    if (!Cidr4::Parse(r)->Contains(address)) continue;
+  for (const auto& r : private_) {
+    if (!r.Contains(address)) continue;
     for (const auto& ok : config_.private_ok) {
       if (ok.Contains(address)) return false;
     }
@@ -391,13 +390,6 @@ Result<std::map<std::string, uint32_t>> Firewall::List() {
     }
   }
   return result;
-}
-
-Status Firewall::RemoveTables() {
-  std::string s;
-  if (Exists("table inet " + config_.table)) s += StrCat("delete table inet ", config_.table, "\n");
-  if (Exists("table ip " + config_.table + "_nat")) s += StrCat("delete table ip ", config_.table, "_nat\n");
-  return s.empty() ? OkStatus() : Run(s);
 }
 
 }  // namespace strata::launcher

@@ -75,8 +75,6 @@ class Firewall {
   bool AlwaysRefused(uint32_t address) const;
   // The sandboxes the kernel has rules for: key -> address.
   Result<std::map<std::string, uint32_t>> List();
-  // Removes the node's tables (tests, and `doctor` when asked).
-  Status RemoveTables();
 
   const FirewallConfig& config() const { return config_; }
 
@@ -89,6 +87,7 @@ class Firewall {
   bool Exists(const std::string& what);
 
   FirewallConfig config_;
+  std::vector<Cidr4> never_, private_;  // always refused; refused unless allowed
   struct Lib;
   std::unique_ptr<Lib> lib_;
   std::mutex mu_;

@@ -152,11 +152,6 @@ NodeNetwork::~NodeNetwork() {
   for (const auto& slot : warm_) DiscardSlot(slot);
 }
 
-size_t NodeNetwork::size() const {
-  std::lock_guard lock(mu_);
-  return by_id_.size();
-}
-
 std::string NodeNetwork::ResolvConf() const {
   return StrCat("# strata: the node's DNS proxy answers the names this sandbox may reach\nnameserver ",
                 Ipv4ToString(config_.gateway()), "\noptions timeout:2 attempts:2\n");
@@ -188,24 +183,34 @@ Status NodeNetwork::AdmitFor(uint32_t address, const std::string& name, const st
     if (!firewall_->AlwaysRefused(a)) addrs.push_back(a);
   }
   if (addrs.empty()) return OkStatus();
-  std::lock_guard lock(mu_);  // held: a policy change cannot slip between
-  auto it = by_address_.find(address);
-  if (it == by_address_.end()) return Error(ENOENT, "no sandbox at " + Ipv4ToString(address));
-  // `open` admits every public address anyway; admitting its names would
-  // only open the DNS-over-HTTPS resolvers' port 443 (checked after names).
-  if (it->second.net.policy.mode != NetMode::kAllow) return OkStatus();
-  // The policy may have changed since the proxy asked: only what it admits now.
-  if (it->second.net.policy.PortsForName(name) != ports) return Error(EAGAIN, "the policy changed during the lookup of " + name);
-  auto& resolved = it->second.resolved;
+  // No policy change slips between the check and the rule (change_mu_);
+  // lookups of other sandboxes' policies (mu_) do not wait for the rule.
+  std::lock_guard change(change_mu_);
+  std::string key;
   const auto now = std::chrono::steady_clock::now();
-  // The same answer again while its admission has (nearly) the time it
-  // asks for left: nothing to change (a burst of lookups of one name costs
-  // no rule update each).
-  const auto wanted = now + std::chrono::seconds(seconds) - std::chrono::milliseconds(config_.dns_grace_seconds * 500);
-  for (const auto& r : resolved) {
-    if (r.name == name && r.addresses == addrs && r.ports == ports && r.until >= wanted) return OkStatus();
+  {
+    std::lock_guard lock(mu_);
+    auto it = by_address_.find(address);
+    if (it == by_address_.end()) return Error(ENOENT, "no sandbox at " + Ipv4ToString(address));
+    // `open` admits every public address anyway; admitting its names would
+    // only open the DNS-over-HTTPS resolvers' port 443 (checked after names).
+    if (it->second.net.policy.mode != NetMode::kAllow) return OkStatus();
+    // The policy may have changed since the proxy asked: only what it admits now.
+    if (it->second.net.policy.PortsForName(name) != ports) return Error(EAGAIN, "the policy changed during the lookup of " + name);
+    // The same answer again while its admission has (nearly) the time it
+    // asks for left: nothing to change (a burst of lookups of one name
+    // costs no rule update each).
+    const auto wanted = now + std::chrono::seconds(seconds) - std::chrono::milliseconds(config_.dns_grace_seconds * 500);
+    for (const auto& r : it->second.resolved) {
+      if (r.name == name && r.addresses == addrs && r.ports == ports && r.until >= wanted) return OkStatus();
+    }
+    key = it->second.net.key;
   }
-  STRATA_RETURN_IF_ERROR(firewall_->Admit(it->second.net.key, addrs, ports, seconds));
+  STRATA_RETURN_IF_ERROR(firewall_->Admit(key, addrs, ports, seconds));
+  std::lock_guard lock(mu_);
+  auto it = by_address_.find(address);
+  if (it == by_address_.end() || it->second.net.key != key) return OkStatus();  // (destroyed meanwhile)
+  auto& resolved = it->second.resolved;
   std::erase_if(resolved, [&](const Resolved& r) { return r.until <= now || (r.name == name && r.addresses == addrs); });
   if (resolved.size() >= 4096) resolved.erase(resolved.begin());
   resolved.push_back({name, addrs, ports, now + std::chrono::seconds(seconds)});
@@ -297,6 +302,7 @@ Result<SandboxNet> NodeNetwork::Attach(const std::string& id, const NetPolicy& p
 }
 
 Status NodeNetwork::Adopt(const std::string& id, const SandboxNet& net) {
+  std::lock_guard change(change_mu_);
   {
     std::lock_guard lock(mu_);
     if (auto it = by_address_.find(net.address); it != by_address_.end() && it->second.id != id) {
@@ -310,20 +316,20 @@ Status NodeNetwork::Adopt(const std::string& id, const SandboxNet& net) {
   // recording a change and making it): its rules are made again as
   // recorded, with the same generation, so open connections it admitted
   // carry on. What names resolved to goes (the next lookup admits again).
-  auto listed = firewall_->List();
-  if (!listed.ok()) return listed.status();
   SandboxRules rules{net.key, net.ifname, net.address, net.generation, net.policy};
-  if (!listed->count(net.key)) {
-    STRATA_LOG(kWarn) << "sandbox " << id << ": its network rules were gone; made again";
-    return firewall_->AddSandbox(rules);
-  }
-  return firewall_->ReplacePolicy(rules, {});
+  if (firewall_->ReplacePolicy(rules, {}).ok()) return OkStatus();
+  STRATA_LOG(kWarn) << "sandbox " << id << ": its network rules were gone; made again";
+  return firewall_->AddSandbox(rules);
 }
 
 Result<SandboxNet> NodeNetwork::SetPolicy(const std::string& id, const NetPolicy& policy,
                                           const std::function<Status(const SandboxNet&)>& persist) {
-  if (policy.mode == NetMode::kHost) return Error(EINVAL, "network: a live sandbox cannot change to the host's network");
-  SandboxNet old, next;
+  // No answer of the proxy lands between (change_mu_): the rules and the
+  // proxy's view change together. What names resolved to stays for the
+  // names the new policy admits (on its ports, for the time left).
+  std::lock_guard change(change_mu_);
+  SandboxNet old;
+  std::vector<Firewall::Admission> keep;
   {
     std::lock_guard lock(mu_);
     auto it = by_id_.find(id);
@@ -334,32 +340,25 @@ Result<SandboxNet> NodeNetwork::SetPolicy(const std::string& id, const NetPolicy
     auto live = by_address_.find(it->second);
     if (live == by_address_.end()) return Error(ENOENT, "network of sandbox " + id + ": gone");
     old = live->second.net;
+    const auto now = std::chrono::steady_clock::now();
+    auto& resolved = live->second.resolved;
+    std::erase_if(resolved, [&](const Resolved& r) { return r.until <= now || policy.PortsForName(r.name).empty(); });
+    for (const auto& r : resolved) {
+      const auto left = std::chrono::duration_cast<std::chrono::seconds>(r.until - now).count();
+      keep.push_back({r.addresses, policy.PortsForName(r.name), static_cast<uint32_t>(std::max<int64_t>(left, 1))});
+    }
   }
-  next = old;
+  SandboxNet next = old;
   next.policy = policy;
   next.generation = old.generation + 1 == 0 ? 1 : old.generation + 1;
-  SandboxRules after{next.key, next.ifname, next.address, next.generation, next.policy};
-  // Under the lock, so no answer of the proxy lands between: the rules and
-  // the proxy's view change together. What names resolved to stays for the
-  // names the new policy admits (on its ports, for the time left).
-  std::lock_guard lock(mu_);
-  auto found = by_address_.find(next.address);
-  if (found == by_address_.end() || found->second.id != id) return Error(ENOENT, "network of sandbox " + id + ": gone");
-  Live& live = found->second;
-  std::vector<Firewall::Admission> keep;
-  const auto now = std::chrono::steady_clock::now();
-  std::erase_if(live.resolved, [&](const Resolved& r) { return r.until <= now || policy.PortsForName(r.name).empty(); });
-  for (const auto& r : live.resolved) {
-    const auto left = std::chrono::duration_cast<std::chrono::seconds>(r.until - now).count();
-    keep.push_back({r.addresses, policy.PortsForName(r.name), static_cast<uint32_t>(std::max<int64_t>(left, 1))});
-  }
   // Recorded first: after a crash the recorded policy is made again.
   if (persist) STRATA_RETURN_IF_ERROR(persist(next).Annotate("record the new network policy"));
-  if (Status s = firewall_->ReplacePolicy(after, keep); !s.ok()) {
+  if (Status s = firewall_->ReplacePolicy({next.key, next.ifname, next.address, next.generation, next.policy}, keep); !s.ok()) {
     if (persist) persist(old).IgnoreError();
     return s;
   }
-  live.net = next;
+  std::lock_guard lock(mu_);
+  if (auto live = by_address_.find(next.address); live != by_address_.end() && live->second.id == id) live->second.net = next;
   return next;
 }
 
@@ -394,7 +393,9 @@ json NodeNetwork::Describe(const std::string& id) {
     std::lock_guard lock(mu_);
     auto it = by_id_.find(id);
     if (it == by_id_.end()) return json();
-    net = by_address_[it->second].net;
+    auto live = by_address_.find(it->second);
+    if (live == by_address_.end()) return json();
+    net = live->second.net;
   }
   json j = net.policy.ToJson();
   j["address"] = Ipv4ToString(net.address);

@@ -94,8 +94,6 @@ class NodeNetwork {
   // The resolv.conf every routed sandbox gets.
   std::string ResolvConf() const;
   const NetworkConfig& config() const { return config_; }
-  // How many sandboxes have a network (for metrics).
-  size_t size() const;
 
  private:
   NodeNetwork() = default;
@@ -115,6 +113,11 @@ class NodeNetwork {
   NetworkConfig config_;
   std::unique_ptr<Firewall> firewall_;
   std::unique_ptr<DnsProxy> proxy_;
+  // change_mu_ serializes what changes a sandbox's rules from the proxy's
+  // side and the API's (admissions, policy changes, adoption), across the
+  // nftables transaction; mu_ guards the maps below and is never held
+  // across I/O. Order: change_mu_, then mu_.
+  std::mutex change_mu_;
   mutable std::mutex mu_;
   // What a sandbox's names resolved to and until when (steady clock), so
   // a policy change keeps what the new policy still admits.

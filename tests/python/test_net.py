@@ -298,6 +298,9 @@ def test_changes_refused_where_they_cannot_apply(client, net_node, internet):
             sb.set_network("allow", ["a.test"])
         assert e.value.status == 409 and "without an interface" in str(e.value)
         with pytest.raises(strata.SandboxError) as e:
+            sb.set_network("host")
+        assert e.value.status == 400 and "host's network" in str(e.value)
+        with pytest.raises(strata.SandboxError) as e:
             client.create(layers=["busybox:1"], network={"mode": "allow", "allow": ["not a name!"]})
         assert e.value.status == 400 and "not a name" in str(e.value)
 
