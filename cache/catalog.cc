@@ -227,6 +227,30 @@ Result<std::vector<uint32_t>> Catalog::GetAccessList(const Digest128& digest) co
   return out;
 }
 
+Result<StoreSettings> Catalog::GetSettings() const {
+  StoreSettings settings;
+  auto text = store_->Get(kSettingsKey);
+  if (!text.ok()) {
+    if (text.status().code() == ENOENT) return settings;
+    return text.status().Annotate(StrCat("read ", kSettingsKey, " of ", store_->url()));
+  }
+  auto where = [&] { return StrCat(kSettingsKey, " of ", store_->url()); };
+  json j = json::parse(*text, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return Error(EINVAL, StrCat(where(), ": not a JSON object"));
+  if (j.contains("compress")) {
+    if (!j["compress"].is_string()) return Error(EINVAL, StrCat(where(), ": \"compress\" must be a string"));
+    auto c = ParseCompression(j["compress"].get<std::string>());
+    if (!c.ok()) return c.status().Annotate(where());
+    settings.compression = *c;
+  }
+  return settings;
+}
+
+Status Catalog::PutSettings(const StoreSettings& settings) const {
+  json j = {{"compress", settings.compression.ToString()}};
+  return store_->Put(kSettingsKey, j.dump(2) + "\n");
+}
+
 Status Catalog::PutLease(const Lease& lease) const {
   STRATA_RETURN_IF_ERROR(ValidateTagPart("node name", lease.node));
   json j = {{"expires", lease.expires}};

@@ -6,6 +6,7 @@
 //   layers/<digest>.access       recorded access list (last writer wins)
 //   tags/<name>/<version>        tag records: digest, created, by
 //   leases/<node>/<digest>       a node's claim that it has the layer mounted
+//   settings.json                the store's defaults for writers (optional)
 //
 // Thread-safe as far as the store is.
 #pragma once
@@ -17,6 +18,7 @@
 #include <string_view>
 #include <vector>
 
+#include "cache/chunk_codec.h"
 #include "cache/manifest.h"
 #include "cache/object_store.h"
 
@@ -44,6 +46,12 @@ struct Lease {
   std::string node;
   Digest128 digest;
   int64_t expires = 0;  // unix seconds
+};
+
+// What a store asks of everyone who writes to it; settings.json, e.g.
+// {"compress": "zstd:3"}. A store without the object has the defaults.
+struct StoreSettings {
+  Compression compression;  // of the chunks pushed without --compress
 };
 
 // A layer of a resolved stack.
@@ -91,6 +99,11 @@ class Catalog {
   // Access lists: extent indexes in first-touch order.
   Status PutAccessList(const Digest128& digest, const std::vector<uint32_t>& extents) const;
   Result<std::vector<uint32_t>> GetAccessList(const Digest128& digest) const;  // ENOENT when none
+
+  // The store's settings; the defaults when it has none.
+  Result<StoreSettings> GetSettings() const;
+  Status PutSettings(const StoreSettings& settings) const;
+  static constexpr const char* kSettingsKey = "settings.json";
 
   Status PutLease(const Lease& lease) const;
   Status DropLease(std::string_view node, const Digest128& digest) const;

@@ -15,6 +15,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "cache/chunk_codec.h"
 #include "common/fs.h"
 #include "common/log.h"
 #include "common/strings.h"
@@ -33,6 +34,8 @@ struct ChunkCache::Flight {
   Status status;
   std::shared_ptr<OpenChunk> chunk;
   std::atomic<bool> started{false};  // the first job to run does the fetch
+  uint64_t fetched_bytes = 0;  // the stored object's size
+  std::function<void()> on_done;  // the prefetcher's; run by the job that fetched
   bool background = false;
   bool promoted = false;  // an urgent job was queued for a waiting Get
 };
@@ -335,13 +338,14 @@ std::shared_ptr<ChunkCache::OpenChunk> ChunkCache::OpenCached(const Digest128& i
 
 void ChunkCache::Touch(const Digest128& id) { touched_[id] = NowMicros(); }
 
-Result<ChunkCache::Handle> ChunkCache::Get(const Digest128& id, const std::shared_ptr<ObjectStore>& store) {
+Result<ChunkCache::Handle> ChunkCache::Get(const Digest128& id, const std::shared_ptr<ObjectStore>& store,
+                                           uint64_t size) {
   {
     std::lock_guard lock(mu_);
     if (auto it = open_.find(id); it != open_.end()) {
       ++stats_.hits;
       Touch(id);
-      return Handle(it->second, false);
+      return Handle(it->second, 0);
     }
   }
   if (auto chunk = OpenCached(id)) {
@@ -356,10 +360,10 @@ Result<ChunkCache::Handle> ChunkCache::Get(const Digest128& id, const std::share
     }
     ++stats_.hits;
     Touch(id);
-    return Handle(it->second, false);
+    return Handle(it->second, 0);
   }
   bool leader = false;
-  std::shared_ptr<Flight> flight = StartFetch(id, store, /*background=*/false, &leader);
+  std::shared_ptr<Flight> flight = StartFetch(id, store, size, /*background=*/false, &leader);
   std::unique_lock lock(flight->mu);
   if (!flight->cv.wait_for(lock, options_.fetch_deadline, [&] { return flight->done; })) {
     lock.unlock();
@@ -370,12 +374,13 @@ Result<ChunkCache::Handle> ChunkCache::Get(const Digest128& id, const std::share
                                    " ms"));
   }
   if (!flight->status.ok()) return flight->status;
-  return Handle(flight->chunk, leader);
+  return Handle(flight->chunk, leader ? std::max<uint64_t>(1, flight->fetched_bytes) : 0);
 }
 
 std::shared_ptr<ChunkCache::Flight> ChunkCache::StartFetch(const Digest128& id,
-                                                           const std::shared_ptr<ObjectStore>& store,
-                                                           bool background, bool* leader) {
+                                                           const std::shared_ptr<ObjectStore>& store, uint64_t size,
+                                                           bool background, bool* leader,
+                                                           std::function<void()> on_done) {
   std::shared_ptr<Flight> flight;
   bool submit = false;
   {
@@ -403,6 +408,7 @@ std::shared_ptr<ChunkCache::Flight> ChunkCache::StartFetch(const Digest128& id,
     } else {
       flight = std::make_shared<Flight>();
       flight->background = background;
+      flight->on_done = std::move(on_done);
       inflight_.emplace(id, flight);
       *leader = true;
       submit = true;
@@ -417,12 +423,14 @@ std::shared_ptr<ChunkCache::Flight> ChunkCache::StartFetch(const Digest128& id,
     }
     auto priority = background && !flight->promoted ? ThreadPool::Priority::kBackground : ThreadPool::Priority::kUrgent;
     pool_->Submit(
-        [this, id, store = std::shared_ptr<ObjectStore>(store), flight]() mutable {
-          RunFetch(id, *store, flight);
+        [this, id, size, store = std::shared_ptr<ObjectStore>(store), flight]() mutable {
+          std::function<void()> callback;
+          if (RunFetch(id, *store, size, flight)) callback = std::move(flight->on_done);
           // Let go of the flight (and the chunk it holds) before counting the
           // job as done, so WaitForFetches() means nothing is pinned by us.
           flight.reset();
           store.reset();
+          if (callback) callback();
           std::lock_guard lock(mu_);
           if (--jobs_ == 0) idle_cv_.notify_all();
         },
@@ -431,25 +439,27 @@ std::shared_ptr<ChunkCache::Flight> ChunkCache::StartFetch(const Digest128& id,
   return flight;
 }
 
-void ChunkCache::RunFetch(const Digest128& id, ObjectStore& store, const std::shared_ptr<Flight>& flight) {
-  if (flight->started.exchange(true)) return;  // the other job of a promoted flight ran
+bool ChunkCache::RunFetch(const Digest128& id, ObjectStore& store, uint64_t size,
+                          const std::shared_ptr<Flight>& flight) {
+  if (flight->started.exchange(true)) return false;  // the other job of a promoted flight ran
   Status status;
   std::shared_ptr<OpenChunk> chunk;
-  bool corrupt = false;
-  uint64_t fetched = 0;
+  bool corrupt = false, compressed = false;
+  uint64_t fetched = 0, decoded = 0;
   auto data = store.Get(ChunkKey(id));
   if (!data.ok()) {
     status = std::move(data).status().Annotate(StrCat("fetch chunk ", id.Hex(), " from ", store.url()));
   } else {
     fetched = data->size();
-    Digest128 actual = HashBytes(*data);
-    if (actual != id) {
+    auto raw = DecodeChunk(id, std::move(*data), size);
+    if (!raw.ok()) {
       corrupt = true;
-      status = Error(EBADMSG, StrCat("fetch chunk ", id.Hex(), " from ", store.url(), ": content hash is ",
-                                     actual.Hex(), ", not the chunk's name; bytes discarded"));
+      status = std::move(raw).status().Annotate(StrCat("fetch from ", store.url()));
     } else {
-      MakeRoom(data->size());
-      auto inserted = Insert(id, *data);
+      compressed = raw->compressed;
+      decoded = raw->bytes.size();
+      MakeRoom(decoded);
+      auto inserted = Insert(id, raw->bytes);
       if (inserted.ok()) chunk = std::move(*inserted);
       else status = std::move(inserted).status().Annotate(StrCat("cache chunk ", id.Hex()));
     }
@@ -460,6 +470,8 @@ void ChunkCache::RunFetch(const Digest128& id, ObjectStore& store, const std::sh
     inflight_.erase(id);
     ++stats_.fetches;
     stats_.bytes_fetched += fetched;
+    stats_.bytes_decoded += decoded;
+    if (compressed) ++stats_.compressed;
     if (!status.ok()) ++stats_.fetch_errors;
     if (corrupt) ++stats_.corrupt;
     if (chunk) {
@@ -472,6 +484,7 @@ void ChunkCache::RunFetch(const Digest128& id, ObjectStore& store, const std::sh
     flight->done = true;
     flight->status = status;
     flight->chunk = chunk;
+    flight->fetched_bytes = fetched;
   }
   flight->cv.notify_all();
   chunk.reset();  // the waiters hold it now; do not pin it through the eviction below
@@ -485,6 +498,7 @@ void ChunkCache::RunFetch(const Digest128& id, ObjectStore& store, const std::sh
       if (!s.ok()) STRATA_LOG(kWarn) << "chunk cache " << options_.dir << ": evict: " << s.ToString();
     }
   }
+  return true;
 }
 
 void ChunkCache::MakeRoom(uint64_t incoming) {
@@ -654,14 +668,16 @@ Result<size_t> ChunkCache::Read(const Digest128& id, const std::shared_ptr<Objec
   return h.Read(offset, out);
 }
 
-void ChunkCache::Prefetch(const Digest128& id, const std::shared_ptr<ObjectStore>& store) {
+bool ChunkCache::Prefetch(const Digest128& id, const std::shared_ptr<ObjectStore>& store, uint64_t size,
+                          std::function<void()> done) {
   {
     std::lock_guard lock(mu_);
-    if (open_.count(id) || inflight_.count(id)) return;
+    if (open_.count(id) || inflight_.count(id)) return false;
   }
-  if (::access(DataPath(id).c_str(), F_OK) == 0) return;
+  if (::access(DataPath(id).c_str(), F_OK) == 0) return false;
   bool leader = false;
-  StartFetch(id, store, /*background=*/true, &leader);
+  StartFetch(id, store, size, /*background=*/true, &leader, std::move(done));
+  return leader;
 }
 
 bool ChunkCache::Contains(const Digest128& id) {

@@ -1,14 +1,15 @@
 // ChunkCache: the node-local cache of content-named chunks.
 //
 // Layout under the cache directory (docs/formats.md has the reasons):
-//   data/<2 hex>/<32 hex>   one file per chunk, its exact bytes
+//   data/<2 hex>/<32 hex>   one file per chunk, its exact (uncompressed) bytes
 //   index/                  LMDB: chunk -> (size, last use); LRU order; totals
 //   tmp/                    chunks being written, named <hex>.<pid>.<n>
 //   lock                    flock: shared while open, exclusive for recovery
 //
 // Guarantees:
-// - A chunk is checked against its name (XXH3-128) when fetched; bad bytes
-//   are never written to data/ and never returned. Hits are not re-hashed.
+// - A chunk is decoded (cache/chunk_codec.h) and checked against its name
+//   (XXH3-128) when fetched; bad bytes are never written to data/ and never
+//   returned. Hits are not re-hashed.
 // - Any number of concurrent Get()s of a missing chunk in one process cause
 //   one store request; all of them get its result or its error.
 // - Several processes may share a directory. A file appears in data/ only
@@ -24,6 +25,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -60,7 +62,9 @@ struct ChunkCacheStats {
   uint64_t fetch_errors = 0;    // store requests that failed
   uint64_t corrupt = 0;         // fetched chunks whose hash did not match
   uint64_t timeouts = 0;        // Get that gave up at the deadline
-  uint64_t bytes_fetched = 0;
+  uint64_t bytes_fetched = 0;  // as the store holds them (compressed or not)
+  uint64_t bytes_decoded = 0;  // the chunks those bytes made
+  uint64_t compressed = 0;     // fetched chunks that came as zstd frames
   uint64_t evictions = 0;
   uint64_t bytes_evicted = 0;
   uint64_t prefetches = 0;      // Prefetch calls that started a fetch
@@ -94,13 +98,15 @@ class ChunkCache {
     // Reads up to out.size() bytes at `offset` of the chunk.
     Result<size_t> Read(uint64_t offset, std::span<char> out) const;
     // True when this Get started the store request for the chunk.
-    bool fetched() const { return fetched_; }
+    bool fetched() const { return fetched_ != 0; }
+    // The bytes that request moved (the stored object, compressed or not).
+    uint64_t fetched_bytes() const { return fetched_; }
 
    private:
     friend class ChunkCache;
-    Handle(std::shared_ptr<OpenChunk> c, bool fetched) : chunk_(std::move(c)), fetched_(fetched) {}
+    Handle(std::shared_ptr<OpenChunk> c, uint64_t fetched) : chunk_(std::move(c)), fetched_(fetched) {}
     std::shared_ptr<OpenChunk> chunk_;
-    bool fetched_ = false;
+    uint64_t fetched_ = 0;
   };
 
   static Result<std::unique_ptr<ChunkCache>> Open(const ChunkCacheOptions& options);
@@ -109,15 +115,20 @@ class ChunkCache {
   ChunkCache& operator=(const ChunkCache&) = delete;
 
   // The chunk named `id`, from data/ or fetched from `store` (key
-  // ChunkKey(id)) and checked. Waits at most options.fetch_deadline
-  // (ETIMEDOUT); a hash mismatch is EBADMSG. Thread-safe.
-  Result<Handle> Get(const Digest128& id, const std::shared_ptr<ObjectStore>& store);
+  // ChunkKey(id)), decoded and checked. Waits at most options.fetch_deadline
+  // (ETIMEDOUT); a corrupt object is EBADMSG. `size`: the chunk's size when
+  // the caller knows it (an extent's length), which bounds what a
+  // compressed object may claim to hold; 0 when unknown. Thread-safe.
+  Result<Handle> Get(const Digest128& id, const std::shared_ptr<ObjectStore>& store, uint64_t size = 0);
   // Get + Handle::Read.
   Result<size_t> Read(const Digest128& id, const std::shared_ptr<ObjectStore>& store, uint64_t offset,
                       std::span<char> out);
   // Fetches the chunk in the background unless it is cached or on its way;
-  // background fetches never take the workers a waiting Get needs.
-  void Prefetch(const Digest128& id, const std::shared_ptr<ObjectStore>& store);
+  // background fetches never take the workers a waiting Get needs. `done`,
+  // when given, runs once the fetch has ended (in a fetch worker, with no
+  // lock held), and only if this call started it; returns whether it did.
+  bool Prefetch(const Digest128& id, const std::shared_ptr<ObjectStore>& store, uint64_t size = 0,
+                std::function<void()> done = nullptr);
   bool Contains(const Digest128& id);
 
   ChunkCacheStats stats() const;
@@ -143,9 +154,10 @@ class ChunkCache {
   Status OpenIndex();
   std::string DataPath(const Digest128& id) const;
   std::shared_ptr<OpenChunk> OpenCached(const Digest128& id);
-  std::shared_ptr<Flight> StartFetch(const Digest128& id, const std::shared_ptr<ObjectStore>& store,
-                                     bool background, bool* leader);
-  void RunFetch(const Digest128& id, ObjectStore& store, const std::shared_ptr<Flight>& flight);
+  std::shared_ptr<Flight> StartFetch(const Digest128& id, const std::shared_ptr<ObjectStore>& store, uint64_t size,
+                                     bool background, bool* leader, std::function<void()> on_done = nullptr);
+  // False when the flight's other job (a promoted prefetch) did the fetch.
+  bool RunFetch(const Digest128& id, ObjectStore& store, uint64_t size, const std::shared_ptr<Flight>& flight);
   Result<std::shared_ptr<OpenChunk>> Insert(const Digest128& id, std::string_view data);
   Status EvictTo(uint64_t target_bytes);
   // Evicts first when `incoming` more bytes would pass the cap.

@@ -1,6 +1,7 @@
 // layerctl inspect --files: a layer's tree from its metadata image.
 #include "layerctl/inspect.h"
 
+#include "cache/chunk_codec.h"
 #include "common/strings.h"
 
 namespace strata::layerctl {
@@ -23,15 +24,10 @@ Status ListLayerFiles(const cache::Catalog& catalog, const Digest128& digest,
   const std::string what = StrCat("list files of layer ", digest.Hex());
   auto manifest = catalog.GetManifest(digest);
   if (!manifest.ok()) return manifest.status().Annotate(what);
-  auto meta = catalog.store().Get(cache::ChunkKey(manifest->meta_hash));
-  if (!meta.ok()) return meta.status().Annotate(StrCat(what, ": fetch metadata image ", manifest->meta_hash.Hex()));
-  if (meta->size() != manifest->meta_size || HashBytes(*meta) != manifest->meta_hash) {
-    return Error(EBADMSG, StrCat(what, ": metadata image ", manifest->meta_hash.Hex(), " in ", catalog.store().url(),
-                                 " is corrupt (", meta->size(), " bytes, expected ", manifest->meta_size,
-                                 " hashing to its name)"));
-  }
+  auto meta = cache::GetChunk(catalog.store(), manifest->meta_hash, manifest->meta_size);
+  if (!meta.ok()) return meta.status().Annotate(StrCat(what, ": metadata image"));
   // Metadata only: MapFile works, data reads are never made.
-  auto image = erofs::Image::Open(erofs::MemorySource(std::move(*meta)));
+  auto image = erofs::Image::Open(erofs::MemorySource(std::move(meta->bytes)));
   if (!image.ok()) return image.status().Annotate(what);
   Status s = (*image)->Walk([&](const std::string& path, const erofs::Inode& inode) -> Status {
     FileEntry entry;

@@ -33,6 +33,8 @@ Result<cache::Catalog> OpenCatalog(const std::string& flag) {
 json PushJson(const layerctl::PushReport& r) {
   return {{"digest", r.digest.Hex()},         {"chunks", r.chunks},
           {"chunks_uploaded", r.chunks_uploaded}, {"bytes_uploaded", r.bytes_uploaded},
+          {"bytes_sent", r.bytes_sent},           {"chunks_compressed", r.chunks_compressed},
+          {"compress", r.compression.ToString()},
           {"chunks_present", r.chunks_present},   {"bytes_present", r.bytes_present}};
 }
 
@@ -44,8 +46,9 @@ void PrintPush(const layerctl::PushReport& r, const std::optional<cache::LayerRe
     return;
   }
   std::cout << r.digest.Hex() << "\n";
-  std::fprintf(stderr, "uploaded %s in %llu chunks, %s already present in %llu chunks%s\n",
+  std::fprintf(stderr, "uploaded %s in %llu chunks (%s sent, %s), %s already present in %llu chunks%s\n",
                FormatBytes(r.bytes_uploaded).c_str(), static_cast<unsigned long long>(r.chunks_uploaded),
+               FormatBytes(r.bytes_sent).c_str(), r.compression.ToString().c_str(),
                FormatBytes(r.bytes_present).c_str(), static_cast<unsigned long long>(r.chunks_present),
                tag ? (", tagged " + tag->ToString()).c_str() : "");
 }
@@ -139,11 +142,19 @@ int main(int argc, char** argv) {
   build->add_option("--name", name, "layer name recorded in the manifest");
   build->add_option("--chunk-size", chunk_text, "EROFS chunk size, the largest extent")->capture_default_str();
   build->add_option("--tag", tag_text, "also push and tag as NAME:VERSION");
+  std::string compress_text;
+  const char* compress_help = "chunk encoding in the store: none, zstd or zstd:LEVEL (1-19; default: the store's setting, zstd:3)";
+  build->add_option("--compress", compress_text, compress_help);
 
   auto* push = app.add_subcommand("push", "publish a built layer directory");
   std::string push_dir;
   push->add_option("DIR", push_dir, "layer directory from build -o")->required();
   push->add_option("--tag", tag_text, "tag as NAME:VERSION once published");
+  push->add_option("--compress", compress_text, compress_help);
+
+  auto* settings = app.add_subcommand("settings", "show the store's settings, or change them");
+  std::string default_compress;
+  settings->add_option("--compress", default_compress, "what pushes without --compress use: none, zstd or zstd:LEVEL");
 
   auto* pull = app.add_subcommand("pull", "write a published layer's files into a directory");
   std::string ref;
@@ -181,6 +192,28 @@ int main(int argc, char** argv) {
 
   auto catalog = OpenCatalog(store_url);
   if (!catalog.ok()) return Fail(catalog.status());
+  layerctl::PushOptions push_options;
+  if (!compress_text.empty()) {
+    auto c = cache::ParseCompression(compress_text);
+    if (!c.ok()) return Fail(c.status().Annotate("--compress"));
+    push_options.compression = *c;
+  }
+
+  if (settings->parsed()) {
+    auto current = catalog->GetSettings();
+    if (!current.ok()) return Fail(current.status());
+    if (!default_compress.empty()) {
+      auto c = cache::ParseCompression(default_compress);
+      if (!c.ok()) return Fail(c.status().Annotate("--compress"));
+      current->compression = *c;
+      Status s = catalog->PutSettings(*current);
+      if (!s.ok()) return Fail(s.Annotate("write the store's settings"));
+    }
+    json j = {{"store", catalog->store().url()}, {"compress", current->compression.ToString()}};
+    if (as_json) std::cout << j.dump() << "\n";
+    else std::cout << "compress " << current->compression.ToString() << "\n";
+    return 0;
+  }
 
   if (build->parsed()) {
     std::optional<cache::LayerRef> to_tag;
@@ -211,7 +244,7 @@ int main(int argc, char** argv) {
       else std::cout << built->digest.Hex() << "\n";
       return 0;
     }
-    auto report = layerctl::Push(*built, *catalog, to_tag);
+    auto report = layerctl::Push(*built, *catalog, to_tag, push_options);
     if (!report.ok()) return Fail(report.status());
     PrintPush(*report, to_tag, as_json);
     return 0;
@@ -225,7 +258,7 @@ int main(int argc, char** argv) {
     }
     auto layer = layerctl::OpenLayerDir(push_dir);
     if (!layer.ok()) return Fail(layer.status());
-    auto report = layerctl::Push(*layer, *catalog, to_tag);
+    auto report = layerctl::Push(*layer, *catalog, to_tag, push_options);
     if (!report.ok()) return Fail(report.status());
     PrintPush(*report, to_tag, as_json);
     return 0;
@@ -322,12 +355,14 @@ int main(int argc, char** argv) {
     if (!report.ok()) return Fail(report.status());
     if (as_json) {
       std::cout << json{{"digest", digest->Hex()}, {"chunks", report->chunks}, {"bytes", report->bytes},
+                        {"stored_bytes", report->stored_bytes}, {"compressed", report->compressed},
                         {"ok", report->ok()}, {"problems", report->problems}}.dump()
                 << "\n";
     } else {
       for (const auto& p : report->problems) std::cout << "problem: " << p << "\n";
-      std::cout << (report->ok() ? "ok" : "FAILED") << ": " << report->chunks << " chunks, "
-                << FormatBytes(report->bytes) << " checked\n";
+      std::cout << (report->ok() ? "ok" : "FAILED") << ": " << report->chunks << " chunks (" << report->compressed
+                << " zstd), " << FormatBytes(report->bytes) << " checked, " << FormatBytes(report->stored_bytes)
+                << " stored\n";
     }
     return report->ok() ? 0 : 2;
   }

@@ -36,21 +36,15 @@ std::vector<ChunkJob> DistinctChunks(const cache::Manifest& m) {
   return jobs;
 }
 
-// Fetches a chunk and checks it against its name.
-Result<std::string> FetchChunk(cache::ObjectStore& store, const ChunkJob& job) {
-  auto data = store.Get(cache::ChunkKey(job.hash));
-  if (!data.ok()) return data.status();
-  if (data->size() != job.length || HashBytes(*data) != job.hash) {
-    return Error(EBADMSG, StrCat("chunk ", job.hash.Hex(), " in ", store.url(), " is corrupt (", data->size(),
-                                 " bytes, expected ", job.length, " hashing to its name)"));
-  }
-  return data;
+// Fetches a chunk, decodes it and checks it against its name and size.
+Result<cache::DecodedChunk> FetchChunk(cache::ObjectStore& store, const ChunkJob& job) {
+  return cache::GetChunk(store, job.hash, job.length);
 }
 
 }  // namespace
 
 Result<PushReport> Push(const BuiltLayer& layer, const cache::Catalog& catalog,
-                        const std::optional<cache::LayerRef>& tag, size_t parallel) {
+                        const std::optional<cache::LayerRef>& tag, const PushOptions& options) {
   const cache::Manifest& m = layer.manifest;
   cache::ObjectStore& store = catalog.store();
   auto where = [&](std::string_view step) { return StrCat("push layer ", layer.digest.Hex(), " to ", store.url(), ": ", step); };
@@ -61,13 +55,22 @@ Result<PushReport> Push(const BuiltLayer& layer, const cache::Catalog& catalog,
   STRATA_ASSIGN_OR_RETURN(UniqueFd blob, OpenFile(JoinPath(layer.dir, kBlobFile), O_RDONLY));
   STRATA_ASSIGN_OR_RETURN(UniqueFd meta, OpenFile(JoinPath(layer.dir, kMetaFile), O_RDONLY));
 
+  cache::Compression compression;
+  if (options.compression) {
+    compression = *options.compression;
+  } else {
+    auto settings = catalog.GetSettings();
+    if (!settings.ok()) return settings.status().Annotate(where("read the store's settings"));
+    compression = settings->compression;
+  }
   std::vector<ChunkJob> jobs = DistinctChunks(m);
   // The metadata image goes last among the chunks.
   std::stable_partition(jobs.begin(), jobs.end(), [](const ChunkJob& j) { return !j.meta; });
   PushReport report;
   report.digest = layer.digest;
   report.chunks = jobs.size();
-  std::atomic<uint64_t> uploaded{0}, uploaded_bytes{0}, present{0}, present_bytes{0};
+  report.compression = compression;
+  std::atomic<uint64_t> uploaded{0}, uploaded_bytes{0}, sent_bytes{0}, compressed{0}, present{0}, present_bytes{0};
   uint64_t total = 0;
   for (const auto& j : jobs) total += j.length;
   Progress progress("push", total);
@@ -84,15 +87,18 @@ Result<PushReport> Push(const BuiltLayer& layer, const cache::Catalog& catalog,
         return Error(EBADMSG, StrCat("chunk ", job.hash.Hex(), " in ", layer.dir,
                                      " no longer matches its manifest; rebuild the layer"));
       }
-      STRATA_RETURN_IF_ERROR(store.Put(key, data));
+      std::optional<std::string> packed = cache::CompressChunk(data, compression);
+      STRATA_RETURN_IF_ERROR(store.Put(key, packed ? *packed : data));
       ++uploaded;
       uploaded_bytes += job.length;
+      sent_bytes += packed ? packed->size() : data.size();
+      if (packed) ++compressed;
     }
     progress.Add(job.length);
     return OkStatus();
   };
   size_t data_jobs = jobs.size() - 1;  // all but the metadata image
-  Status s = ParallelFor(data_jobs, parallel, [&](size_t i) { return send(jobs[i]); });
+  Status s = ParallelFor(data_jobs, options.parallel, [&](size_t i) { return send(jobs[i]); });
   if (s.ok()) s = send(jobs.back());
   if (!s.ok()) return s.Annotate(where("upload chunks"));
 
@@ -105,6 +111,8 @@ Result<PushReport> Push(const BuiltLayer& layer, const cache::Catalog& catalog,
   }
   report.chunks_uploaded = uploaded;
   report.bytes_uploaded = uploaded_bytes;
+  report.bytes_sent = sent_bytes;
+  report.chunks_compressed = compressed;
   report.chunks_present = present;
   report.bytes_present = present_bytes;
   return report;
@@ -129,7 +137,8 @@ Result<PullReport> Pull(const cache::Catalog& catalog, const Digest128& digest, 
   for (const auto& e : m.extents) offsets[e.hash].push_back(e.offset);
   Status s = ParallelFor(jobs.size(), parallel, [&](size_t i) -> Status {
     const ChunkJob& job = jobs[i];
-    STRATA_ASSIGN_OR_RETURN(std::string data, FetchChunk(catalog.store(), job));
+    STRATA_ASSIGN_OR_RETURN(cache::DecodedChunk chunk, FetchChunk(catalog.store(), job));
+    const std::string& data = chunk.bytes;
     if (job.hash == m.meta_hash) {
       std::lock_guard lock(meta_mu);
       meta = data;
@@ -165,8 +174,13 @@ Result<LayerVerifyReport> Verify(const cache::Catalog& catalog, const Digest128&
   Status s = ParallelFor(jobs.size(), parallel, [&](size_t i) -> Status {
     auto data = FetchChunk(catalog.store(), jobs[i]);
     std::lock_guard lock(mu);
-    if (!data.ok()) report.problems.push_back(data.status().ToString());
-    else report.bytes += data->size();
+    if (!data.ok()) {
+      report.problems.push_back(data.status().ToString());
+    } else {
+      report.bytes += data->bytes.size();
+      report.stored_bytes += data->stored_size;
+      if (data->compressed) ++report.compressed;
+    }
     progress.Add(jobs[i].length);
     return OkStatus();
   });

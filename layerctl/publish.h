@@ -6,26 +6,37 @@
 #include <vector>
 
 #include "cache/catalog.h"
+#include "cache/chunk_codec.h"
 #include "layerctl/builder.h"
 
 namespace strata::layerctl {
 
+struct PushOptions {
+  size_t parallel = 16;  // uploads (and their compression) at a time
+  // nullopt: the store's default (Catalog::GetSettings).
+  std::optional<cache::Compression> compression;
+};
+
 struct PushReport {
   Digest128 digest;
+  cache::Compression compression;
   uint64_t chunks = 0;          // distinct chunks (extents + metadata image)
   uint64_t chunks_uploaded = 0;
-  uint64_t bytes_uploaded = 0;  // chunk bytes, manifest and tag excluded
+  uint64_t bytes_uploaded = 0;  // the uploaded chunks' own bytes, manifest and tag excluded
+  uint64_t bytes_sent = 0;      // what the store received for them (compressed or not)
+  uint64_t chunks_compressed = 0;
   uint64_t chunks_present = 0;
   uint64_t bytes_present = 0;
 };
 
 // Publishes a built layer: missing chunks first, then the metadata image,
 // then the manifest, then (when given) the tag, so nobody ever resolves a
-// half-published layer. Chunks already in the store are not sent again, so
-// a push that failed half-way resumes where it stopped. A diff's parents
-// must already be published.
+// half-published layer. Chunks already in the store are not sent again
+// (whatever their encoding), so a push that failed half-way resumes where
+// it stopped. Each chunk is compressed by the worker that uploads it. A
+// diff's parents must already be published.
 Result<PushReport> Push(const BuiltLayer& layer, const cache::Catalog& catalog,
-                        const std::optional<cache::LayerRef>& tag, size_t parallel = 16);
+                        const std::optional<cache::LayerRef>& tag, const PushOptions& options = {});
 
 struct PullReport {
   Digest128 digest;
@@ -41,13 +52,15 @@ Result<PullReport> Pull(const cache::Catalog& catalog, const Digest128& digest, 
 struct LayerVerifyReport {
   Digest128 digest;
   uint64_t chunks = 0;
-  uint64_t bytes = 0;
+  uint64_t bytes = 0;         // the chunks' own bytes
+  uint64_t stored_bytes = 0;  // as the store holds them
+  uint64_t compressed = 0;    // chunks stored as zstd frames
   std::vector<std::string> problems;  // one line per missing or corrupt chunk, or fsck's verdict
   bool ok() const { return problems.empty(); }
 };
 
-// Fetches every chunk and checks its hash, then assembles the image and
-// runs fsck.erofs on it.
+// Fetches every chunk, decodes it (raw or zstd) and checks its hash, then
+// assembles the image and runs fsck.erofs on it.
 Result<LayerVerifyReport> Verify(const cache::Catalog& catalog, const Digest128& digest, size_t parallel = 16);
 
 }  // namespace strata::layerctl

@@ -8,6 +8,7 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "cache/chunk_codec.h"
 #include "common/strings.h"
 
 namespace strata::packdiff {
@@ -60,16 +61,9 @@ class StoreBlobSource : public erofs::BlockSource {
         return it->second.first;
       }
     }
-    auto data = store_->Get(cache::ChunkKey(e.hash));
-    if (!data.ok()) {
-      return data.status().Annotate(StrCat("read layer ", layer_.Hex(), ": fetch chunk ", e.hash.Hex()));
-    }
-    if (data->size() != e.length || HashBytes(*data) != e.hash) {
-      return Error(EBADMSG, StrCat("read layer ", layer_.Hex(), ": chunk ", e.hash.Hex(), " in ", store_->url(),
-                                   " is corrupt (", data->size(), " bytes, expected ", e.length,
-                                   " hashing to its name)"));
-    }
-    auto chunk = std::make_shared<const std::string>(std::move(*data));
+    auto data = cache::GetChunk(*store_, e.hash, e.length);
+    if (!data.ok()) return data.status().Annotate(StrCat("read layer ", layer_.Hex()));
+    auto chunk = std::make_shared<const std::string>(std::move(data->bytes));
     std::lock_guard lock(mu_);
     if (chunks_.count(e.hash)) return chunk;  // another reader fetched it meanwhile
     lru_.push_front(e.hash);
@@ -112,15 +106,11 @@ Result<std::shared_ptr<const PublishedLayer>> PublishedLayer::Open(const cache::
   layer->digest_ = digest;
   STRATA_ASSIGN_OR_RETURN(layer->manifest_, catalog.GetManifest(digest));
   const cache::Manifest& m = layer->manifest_;
-  auto meta = catalog.store().Get(cache::ChunkKey(m.meta_hash));
+  auto meta = cache::GetChunk(catalog.store(), m.meta_hash, m.meta_size);
   if (!meta.ok()) return meta.status().Annotate(where("fetch the metadata image"));
-  if (meta->size() != m.meta_size || HashBytes(*meta) != m.meta_hash) {
-    return Error(EBADMSG, where(StrCat("the metadata image ", m.meta_hash.Hex(), " in ", catalog.store().url(),
-                                       " is corrupt")));
-  }
   std::vector<std::shared_ptr<erofs::BlockSource>> devices = {
       std::make_shared<StoreBlobSource>(catalog.shared_store(), digest, m)};
-  auto image = erofs::Image::Open(erofs::MemorySource(std::move(*meta)), std::move(devices));
+  auto image = erofs::Image::Open(erofs::MemorySource(std::move(meta->bytes)), std::move(devices));
   if (!image.ok()) return image.status().Annotate(where("read the image"));
   layer->image_ = std::move(*image);
   return std::shared_ptr<const PublishedLayer>(std::move(layer));

@@ -59,7 +59,7 @@ Result<PackReport> BuildAndPublish(const ChangeNode& tree, const LowerStack& par
   report.parents = layer.manifest.parents;
   report.layer_bytes = layer.manifest.meta_size + layer.manifest.blob_size;
   if (publish) {
-    STRATA_ASSIGN_OR_RETURN(report.push, layerctl::Push(layer, catalog, tag, parallel));
+    STRATA_ASSIGN_OR_RETURN(report.push, layerctl::Push(layer, catalog, tag, {.parallel = parallel}));
   }
   report.manifest = std::move(layer.manifest);
   return report;

@@ -37,6 +37,7 @@
 #include "lazyfs/client.h"
 #include "lazyfs/daemon.h"
 #include "tests/bench/bench_util.h"
+#include "tests/testing/store_servers.h"
 
 namespace strata::bench {
 namespace {
@@ -49,6 +50,7 @@ constexpr const char* kPython = "import json, email, http.client, sqlite3";
 constexpr size_t kRandomReads = 1000;
 constexpr size_t kRandomReadSize = 4096;
 constexpr int kWarmRounds = 5;
+constexpr int kNginxRounds = 3;
 
 struct SourceFile {
   std::string rel;
@@ -389,6 +391,37 @@ int Run(int argc, char** argv) {
   }
   for (Target* t : targets) t->Down();
 
+  // The same layer over HTTP: nginx on loopback serves the store's files.
+  // Each round: a cold mount, then the python import, timed together, against
+  // the local image made cold the same way.
+  std::fprintf(stderr, "lazyfs_bench: cold python import over nginx\n");
+  auto nginx = Check(testing::NginxServer::Start());
+  struct NginxRow {
+    std::string what;
+    std::vector<double> local_s, lazy_s;
+    json stats;
+  };
+  std::vector<NginxRow> nginx_rows;
+  {
+    const std::string nginx_store_dir = nginx->root() + "/raw";
+    cache::Catalog nginx_catalog(Check(cache::OpenStore("file://" + nginx_store_dir)));
+    Check(layerctl::Push(built, nginx_catalog, cache::LayerRef{"bench", "1"}).status());
+    NginxRow row{"raw chunks", {}, {}, {}};
+    Check(MakeDirs(dir.Sub("nginx-raw")));
+    Lazyfs over_http("kernel", dir.Sub("nginx-raw"), nginx->url() + "/raw", nginx_store_dir);
+    for (int round = 0; round < kNginxRounds; ++round) {
+      // Up() returns the mount's own time (the daemon's start is not in it).
+      double mount_s = local.Up();
+      row.local_s.push_back(mount_s + Time([&] { RunPython(local.mountpoint()); }));
+      local.Down();
+      mount_s = over_http.Up();
+      row.lazy_s.push_back(mount_s + Time([&] { RunPython(over_http.mountpoint()); }));
+      row.stats = over_http.Stats();
+      over_http.Down();
+    }
+    nginx_rows.push_back(std::move(row));
+  }
+
   const Figures& l = fig[&local];
   const Figures& k = fig[&kernel];
   const Figures& u = fig[&fuse];
@@ -448,6 +481,18 @@ int Run(int argc, char** argv) {
                       2)});
   }
   memory.Print();
+
+  std::printf("\ncold python import over nginx (loopback), from the mount to python's exit, median of %d rounds;\n"
+              "local: the kernel's EROFS mount of the layer's local files, made cold the same way:\n",
+              kNginxRounds);
+  Table http({"store", "local image", "lazyfs kernel mode", "ours / local", "fetched", "target"});
+  for (const auto& r : nginx_rows) {
+    const double lv = Median(r.local_s), kv = Median(r.lazy_s);
+    uint64_t bytes = r.stats["meta_bytes"].get<uint64_t>() + r.stats["bytes_fetched"].get<uint64_t>();
+    http.Add({r.what, ms(lv), ms(kv), Fixed(kv / lv, 2), Fixed(static_cast<double>(bytes) / 1e6, 1) + " MB",
+              "<= 1.0"});
+  }
+  http.Print();
   return 0;
 }
 

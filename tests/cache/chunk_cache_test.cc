@@ -13,6 +13,7 @@
 #include <random>
 #include <thread>
 
+#include "cache/chunk_codec.h"
 #include "common/lmdb.h"
 #include "common/strings.h"
 #include "common/subprocess.h"
@@ -191,6 +192,59 @@ TEST_F(ChunkCacheTest, CorruptBytesAreNeverCachedOrReturned) {
   store_->SetCorrupt(false);
   EXPECT_EQ(ReadAll(*cache, id), data);  // a later read tries again
   ExpectConsistent(*cache);
+}
+
+// Compressible bytes: the same line over and over, numbered.
+std::string Compressible(size_t n) {
+  std::string out;
+  for (int i = 0; out.size() < n; ++i) out += StrCat("line ", i, ": the quick brown fox\n");
+  out.resize(n);
+  return out;
+}
+
+TEST_F(ChunkCacheTest, CompressedObjectsAreCachedAsTheirChunks) {
+  std::string data = Compressible(300000);
+  Digest128 id = HashBytes(data);
+  std::string packed = *CompressChunk(data, Compression{});
+  ASSERT_OK(inner_->Put(ChunkKey(id), packed));
+  std::string raw = RandomBytes(40000, 9);
+  Digest128 raw_id = PutChunk(raw);  // a mixed store
+  auto cache = OpenCache();
+  ASSERT_OK_AND_ASSIGN(ChunkCache::Handle h, cache->Get(id, store_, data.size()));
+  EXPECT_TRUE(h.fetched());
+  EXPECT_EQ(h.fetched_bytes(), packed.size());
+  EXPECT_EQ(h.size(), data.size());
+  EXPECT_EQ(ReadAll(*cache, id), data);
+  EXPECT_EQ(ReadAll(*cache, raw_id), raw);
+  // The cache holds the chunk itself, under its name.
+  ASSERT_OK_AND_ASSIGN(std::string file, ReadFileToString(StrCat(cache_dir_.path(), "/data/", id.Hex().substr(0, 2),
+                                                                 "/", id.Hex())));
+  EXPECT_EQ(file, data);
+  ChunkCacheStats st = cache->stats();
+  EXPECT_EQ(st.compressed, 1u);
+  EXPECT_EQ(st.bytes_fetched, packed.size() + raw.size());
+  EXPECT_EQ(st.bytes_decoded, data.size() + raw.size());
+  ExpectConsistent(*cache);
+}
+
+TEST_F(ChunkCacheTest, ACorruptCompressedObjectIsRefusedAndNeverCached) {
+  std::string data = Compressible(200000);
+  Digest128 id = HashBytes(data);
+  std::string packed = *CompressChunk(data, Compression{});
+  packed[packed.size() / 2] ^= 0x01;
+  ASSERT_OK(inner_->Put(ChunkKey(id), packed));
+  auto cache = OpenCache();
+  auto h = cache->Get(id, store_, data.size());
+  ASSERT_FALSE(h.ok());
+  EXPECT_EQ(h.status().code(), EBADMSG);
+  EXPECT_NE(h.status().ToString().find(id.Hex()), std::string::npos);
+  EXPECT_FALSE(cache->Contains(id));
+  EXPECT_EQ(DataFiles().first, 0u);
+  EXPECT_EQ(cache->stats().corrupt, 1u);
+  // A frame that claims another size than the manifest's is refused too.
+  ASSERT_OK(inner_->Put(ChunkKey(id), *CompressChunk(data, Compression{})));
+  EXPECT_EQ(cache->Get(id, store_, data.size() - 1).status().code(), EBADMSG);
+  EXPECT_EQ(ReadAll(*cache, id), data);
 }
 
 TEST_F(ChunkCacheTest, AllWaitersGetTheSameErrorAndTheNextReadRetries) {

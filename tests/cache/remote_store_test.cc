@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "cache/chunk_cache.h"
+#include "cache/chunk_codec.h"
 #include "cache/object_store.h"
 #include "common/strings.h"
 #include "tests/testing/store_servers.h"
@@ -217,6 +218,41 @@ TEST_P(RemoteStoreTest, ChunkCacheFetchesThroughTheStore) {
   for (auto& r : readers) r.join();
   EXPECT_EQ(bad.load(), 0);
   EXPECT_EQ(cache->stats().fetches, ids.size());
+}
+
+TEST_P(RemoteStoreTest, MixedRawAndCompressedChunksAndACorruptFrame) {
+  std::vector<std::pair<Digest128, std::string>> chunks;
+  for (int i = 0; i < 8; ++i) {
+    std::string data;
+    for (int line = 0; data.size() < 200000; ++line) data += StrCat("chunk ", i, " line ", line, "\n");
+    if (i % 2) data = RandomBytes(200000, 300 + i);  // incompressible: stays raw
+    Digest128 id = HashBytes(data);
+    auto packed = CompressChunk(data, Compression{});
+    EXPECT_EQ(packed.has_value(), i % 2 == 0);
+    ASSERT_OK(store_->Put(ChunkKey(id), packed ? *packed : data));
+    chunks.emplace_back(id, std::move(data));
+  }
+  std::string bad_data(100000, 'z');
+  Digest128 bad_id = HashBytes(bad_data);
+  std::string bad = *CompressChunk(bad_data, Compression{});
+  bad[bad.size() - 2] ^= 0x40;
+  ASSERT_OK(store_->Put(ChunkKey(bad_id), bad));
+
+  TempDir dir = testing::MakeTempDir();
+  ChunkCacheOptions options;
+  options.dir = dir.Sub("cache");
+  ASSERT_OK_AND_ASSIGN(auto cache, ChunkCache::Open(options));
+  for (const auto& [id, data] : chunks) {
+    ASSERT_OK_AND_ASSIGN(ChunkCache::Handle h, cache->Get(id, store_, data.size()));
+    std::string out(h.size(), '\0');
+    ASSERT_OK_AND_ASSIGN(size_t n, h.Read(0, out));
+    EXPECT_EQ(n, data.size());
+    EXPECT_TRUE(out == data) << id.Hex();
+  }
+  EXPECT_EQ(cache->stats().compressed, 4u);
+  auto h = cache->Get(bad_id, store_, bad_data.size());
+  EXPECT_EQ(h.status().code(), EBADMSG);
+  EXPECT_FALSE(cache->Contains(bad_id));
 }
 
 // WebDAV only: the temporary a put uploads first never stays behind, and a

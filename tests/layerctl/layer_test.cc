@@ -268,6 +268,65 @@ TEST_F(LayerTest, VerifyFindsACorruptChunk) {
   EXPECT_EQ(pulled.status().code(), EBADMSG);
 }
 
+TEST_F(LayerTest, ChunksAreCompressedByTheStoresDefaultAndMixedStoresWork) {
+  const std::string src = dir_.Sub("src");
+  ASSERT_OK(MakeDirs(src));
+  std::string text;
+  for (int i = 0; text.size() < 600000; ++i) text += StrCat("def f", i, "(x):\n    return x * ", i, "\n");
+  ASSERT_OK(WriteFileAtomic(src + "/code.py", text));
+  ASSERT_OK(WriteFileAtomic(src + "/random.bin", RandomBytes(400000, 3)));
+  ASSERT_OK_AND_ASSIGN(BuiltLayer v1, Build(src, dir_.Sub("v1")));
+  // Version 1 raw, by flag.
+  ASSERT_OK_AND_ASSIGN(PushReport raw,
+                       Push(v1, *catalog_, cache::LayerRef{"mix", "1"}, {.compression = cache::Compression{false, 0}}));
+  EXPECT_EQ(raw.chunks_compressed, 0u);
+  EXPECT_EQ(raw.bytes_sent, raw.bytes_uploaded);
+
+  // The store's default: zstd:5 from settings.json.
+  ASSERT_OK_AND_ASSIGN(cache::StoreSettings settings, catalog_->GetSettings());
+  EXPECT_EQ(settings.compression, (cache::Compression{true, 3}));  // none written yet: the default
+  ASSERT_OK(catalog_->PutSettings({cache::Compression{true, 5}}));
+  ASSERT_OK_AND_ASSIGN(settings, catalog_->GetSettings());
+  EXPECT_EQ(settings.compression.ToString(), "zstd:5");
+
+  // Version 2: the text changed, the random file not. Its new chunks go
+  // compressed; the raw chunk it shares with version 1 stays as it is.
+  ASSERT_OK(WriteFileAtomic(src + "/code.py", text + "# v2\n"));
+  ASSERT_OK_AND_ASSIGN(BuiltLayer v2, Build(src, dir_.Sub("v2")));
+  ASSERT_OK_AND_ASSIGN(PushReport packed, Push(v2, *catalog_, cache::LayerRef{"mix", "2"}));
+  EXPECT_EQ(packed.compression.ToString(), "zstd:5");
+  EXPECT_GE(packed.chunks_compressed, 1u);
+  EXPECT_LT(packed.bytes_sent, packed.bytes_uploaded / 2);
+  EXPECT_GE(packed.chunks_present, 1u);
+
+  for (const BuiltLayer* layer : {&v1, &v2}) {
+    ASSERT_OK_AND_ASSIGN(LayerVerifyReport report, Verify(*catalog_, layer->digest));
+    EXPECT_TRUE(report.ok()) << Join(report.problems, "\n");
+    EXPECT_EQ(report.bytes, layer->manifest.StoredBytes());
+    if (layer == &v2) {
+      EXPECT_GE(report.compressed, 1u);
+      EXPECT_LT(report.stored_bytes, report.bytes);
+    } else {
+      EXPECT_EQ(report.compressed, 0u);
+    }
+    const std::string out = dir_.Sub(StrCat("pulled-", layer == &v1 ? 1 : 2));
+    ASSERT_OK(Pull(*catalog_, layer->digest, out).status());
+    for (const char* f : {kMetaFile, kBlobFile}) {
+      ASSERT_OK_AND_ASSIGN(std::string want, ReadFileToString(JoinPath(layer->dir, f)));
+      ASSERT_OK_AND_ASSIGN(std::string got, ReadFileToString(JoinPath(out, f)));
+      EXPECT_TRUE(want == got) << f;
+    }
+  }
+
+  // A settings object nobody can read is a clear error, and nothing moves.
+  ASSERT_OK(inner_->Put(cache::Catalog::kSettingsKey, R"({"compress": "lz4"})"));
+  auto refused = Push(v2, *catalog_, cache::LayerRef{"mix", "3"});
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().ToString().find("settings.json"), std::string::npos);
+  EXPECT_NE(refused.status().ToString().find("lz4"), std::string::npos);
+  EXPECT_EQ(catalog_->Resolve("mix:3").status().code(), ENOENT);
+}
+
 TEST_F(LayerTest, BadInputIsAClearErrorAndPublishesNothing) {
   auto missing = BuildLayer({.source = dir_.Sub("no-such-source"), .output_dir = dir_.Sub("out")});
   ASSERT_FALSE(missing.ok());
