@@ -22,9 +22,18 @@
 
 namespace strata::cache {
 
+// One chunk file held open. `served` counts the maintainer's passes still
+// to drop its pages (set by a read, see ChunkCacheOptions::drop_served_pages);
+// the last holder drops them too as it closes the file.
 struct ChunkCache::OpenChunk {
   UniqueFd fd;
   uint64_t size = 0;
+  bool drop = false;
+  std::atomic<int> served{0};
+  void DropPages() const { ::posix_fadvise(fd.get(), 0, 0, POSIX_FADV_DONTNEED); }
+  ~OpenChunk() {
+    if (drop && served.load(std::memory_order_relaxed) > 0 && fd) DropPages();
+  }
 };
 
 struct ChunkCache::Flight {
@@ -35,7 +44,7 @@ struct ChunkCache::Flight {
   std::shared_ptr<OpenChunk> chunk;
   std::atomic<bool> started{false};  // the first job to run does the fetch
   uint64_t fetched_bytes = 0;  // the stored object's size
-  std::function<void()> on_done;  // the prefetcher's; run by the job that fetched
+  FetchDone on_done;  // the prefetcher's; run by the job that fetched
   bool background = false;
   bool promoted = false;  // an urgent job was queued for a waiting Get
 };
@@ -49,6 +58,10 @@ constexpr auto kTouchFlushInterval = std::chrono::seconds(1);
 constexpr auto kSyncInterval = std::chrono::seconds(30);
 constexpr uint64_t kHighWaterPercent = 95;
 constexpr uint64_t kLowWaterPercent = 90;
+// Passes of the maintainer (one a second) that drop a served chunk's pages:
+// the first may find them still dirty from the write (DONTNEED starts their
+// writeback and skips them), the second drops them clean.
+constexpr int kDropPasses = 2;
 
 uint64_t NowMicros() {
   return static_cast<uint64_t>(
@@ -121,6 +134,7 @@ Result<size_t> ChunkCache::Handle::Read(uint64_t offset, std::span<char> out) co
   if (!chunk_) return Error(EINVAL, "read of an empty chunk handle");
   if (offset >= chunk_->size) return size_t{0};
   size_t want = static_cast<size_t>(std::min<uint64_t>(out.size(), chunk_->size - offset));
+  if (chunk_->drop) chunk_->served.store(kDropPasses, std::memory_order_relaxed);
   return PreadFull(chunk_->fd.get(), out.first(want), offset);
 }
 
@@ -330,6 +344,7 @@ std::shared_ptr<ChunkCache::OpenChunk> ChunkCache::OpenCached(const Digest128& i
   if (fd < 0) return nullptr;
   auto chunk = std::make_shared<OpenChunk>();
   chunk->fd.reset(fd);
+  chunk->drop = options_.drop_served_pages;
   struct stat st;
   if (::fstat(fd, &st) != 0) return nullptr;
   chunk->size = static_cast<uint64_t>(st.st_size);
@@ -379,8 +394,7 @@ Result<ChunkCache::Handle> ChunkCache::Get(const Digest128& id, const std::share
 
 std::shared_ptr<ChunkCache::Flight> ChunkCache::StartFetch(const Digest128& id,
                                                            const std::shared_ptr<ObjectStore>& store, uint64_t size,
-                                                           bool background, bool* leader,
-                                                           std::function<void()> on_done) {
+                                                           bool background, bool* leader, FetchDone on_done) {
   std::shared_ptr<Flight> flight;
   bool submit = false;
   {
@@ -424,13 +438,18 @@ std::shared_ptr<ChunkCache::Flight> ChunkCache::StartFetch(const Digest128& id,
     auto priority = background && !flight->promoted ? ThreadPool::Priority::kBackground : ThreadPool::Priority::kUrgent;
     pool_->Submit(
         [this, id, size, store = std::shared_ptr<ObjectStore>(store), flight]() mutable {
-          std::function<void()> callback;
-          if (RunFetch(id, *store, size, flight)) callback = std::move(flight->on_done);
+          FetchDone callback;
+          uint64_t fetched = 0;
+          if (RunFetch(id, *store, size, flight)) {
+            callback = std::move(flight->on_done);
+            std::lock_guard lock(flight->mu);
+            if (flight->status.ok()) fetched = flight->fetched_bytes;
+          }
           // Let go of the flight (and the chunk it holds) before counting the
           // job as done, so WaitForFetches() means nothing is pinned by us.
           flight.reset();
           store.reset();
-          if (callback) callback();
+          if (callback) callback(fetched);
           std::lock_guard lock(mu_);
           if (--jobs_ == 0) idle_cv_.notify_all();
         },
@@ -515,6 +534,7 @@ Result<std::shared_ptr<ChunkCache::OpenChunk>> ChunkCache::Insert(const Digest12
   const std::string tmp = StrCat(options_.dir, "/tmp/", hex, ".", getpid(), ".", tmp_counter_.fetch_add(1));
   auto chunk = std::make_shared<OpenChunk>();
   chunk->size = data.size();
+  chunk->drop = options_.drop_served_pages;
   {
     STRATA_ASSIGN_OR_RETURN(chunk->fd, OpenFile(tmp, O_RDWR | O_CREAT | O_EXCL, 0644));
     Status s = WriteFull(chunk->fd.get(), data);
@@ -522,6 +542,9 @@ Result<std::shared_ptr<ChunkCache::OpenChunk>> ChunkCache::Insert(const Digest12
       ::unlink(tmp.c_str());
       return s.Annotate(StrCat("write ", tmp));
     }
+    // Start writing it back now, so its pages are clean (and can be
+    // dropped) by the time it has been served.
+    if (options_.drop_served_pages) ::sync_file_range(chunk->fd.get(), 0, 0, SYNC_FILE_RANGE_WRITE);
   }
   const std::string final_path = DataPath(id);
   // The rename happens inside the write transaction: LMDB's writer lock
@@ -652,6 +675,7 @@ void ChunkCache::Maintain() {
     maintain_cv_.wait_for(lock, kTouchFlushInterval);
     if (stopping_) break;
     lock.unlock();
+    if (options_.drop_served_pages) DropServedPages();
     Status s = Flush();
     if (s.ok() && std::chrono::steady_clock::now() >= next_sync) {
       s = SyncToDisk();
@@ -662,6 +686,20 @@ void ChunkCache::Maintain() {
   }
 }
 
+void ChunkCache::DropServedPages() {
+  std::vector<std::shared_ptr<OpenChunk>> served;
+  {
+    std::lock_guard lock(mu_);
+    for (const auto& [id, chunk] : open_) {
+      if (chunk->served.load(std::memory_order_relaxed) > 0) served.push_back(chunk);
+    }
+  }
+  for (const auto& chunk : served) {
+    chunk->DropPages();
+    chunk->served.fetch_sub(1, std::memory_order_relaxed);
+  }
+}
+
 Result<size_t> ChunkCache::Read(const Digest128& id, const std::shared_ptr<ObjectStore>& store, uint64_t offset,
                                 std::span<char> out) {
   STRATA_ASSIGN_OR_RETURN(Handle h, Get(id, store));
@@ -669,7 +707,7 @@ Result<size_t> ChunkCache::Read(const Digest128& id, const std::shared_ptr<Objec
 }
 
 bool ChunkCache::Prefetch(const Digest128& id, const std::shared_ptr<ObjectStore>& store, uint64_t size,
-                          std::function<void()> done) {
+                          FetchDone done) {
   {
     std::lock_guard lock(mu_);
     if (open_.count(id) || inflight_.count(id)) return false;

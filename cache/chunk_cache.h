@@ -51,6 +51,11 @@ struct ChunkCacheOptions {
   Duration fetch_deadline = std::chrono::seconds(60);  // longest a Get waits
   size_t max_open_files = 1024;    // descriptors kept open for fast hits
   size_t map_size = size_t{1} << 30;  // LMDB map: ~10 M chunks
+  // Keep a chunk file's pages out of the page cache once it has been read:
+  // lazyfs's readers (EROFS, FUSE) cache what they read themselves, so the
+  // node would otherwise hold every layer twice. Writeback of a new chunk
+  // starts at once; a second or two after its last read its pages go.
+  bool drop_served_pages = true;
 };
 
 // Counters of this process since Open().
@@ -126,9 +131,11 @@ class ChunkCache {
   // Fetches the chunk in the background unless it is cached or on its way;
   // background fetches never take the workers a waiting Get needs. `done`,
   // when given, runs once the fetch has ended (in a fetch worker, with no
-  // lock held), and only if this call started it; returns whether it did.
+  // lock held) with the bytes it moved (0 when it failed), and only if this
+  // call started it; returns whether it did.
+  using FetchDone = std::function<void(uint64_t fetched_bytes)>;
   bool Prefetch(const Digest128& id, const std::shared_ptr<ObjectStore>& store, uint64_t size = 0,
-                std::function<void()> done = nullptr);
+                FetchDone done = nullptr);
   bool Contains(const Digest128& id);
 
   ChunkCacheStats stats() const;
@@ -155,7 +162,7 @@ class ChunkCache {
   std::string DataPath(const Digest128& id) const;
   std::shared_ptr<OpenChunk> OpenCached(const Digest128& id);
   std::shared_ptr<Flight> StartFetch(const Digest128& id, const std::shared_ptr<ObjectStore>& store, uint64_t size,
-                                     bool background, bool* leader, std::function<void()> on_done = nullptr);
+                                     bool background, bool* leader, FetchDone on_done = nullptr);
   // False when the flight's other job (a promoted prefetch) did the fetch.
   bool RunFetch(const Digest128& id, ObjectStore& store, uint64_t size, const std::shared_ptr<Flight>& flight);
   Result<std::shared_ptr<OpenChunk>> Insert(const Digest128& id, std::string_view data);
@@ -165,6 +172,7 @@ class ChunkCache {
   bool Pinned(const Digest128& id);
   void Touch(const Digest128& id);
   void Maintain();
+  void DropServedPages();
   Status SyncToDisk();
 
   const ChunkCacheOptions options_;

@@ -46,8 +46,11 @@ std::string HostName() {
 json StatsJson(const LayerStats& s) {
   return {{"image_bytes", s.image_bytes},       {"meta_bytes", s.meta_bytes},
           {"blob_bytes", s.blob_bytes},         {"stored_bytes", s.stored_bytes},
-          {"bytes_fetched", s.bytes_fetched},   {"bytes_from_cache", s.bytes_from_cache},
-          {"chunks_fetched", s.chunks_fetched}, {"extents_touched", s.extents_touched},
+          {"meta_bytes_fetched", s.meta_bytes_fetched},
+          {"bytes_fetched", s.bytes_fetched},   {"chunk_bytes_fetched", s.chunk_bytes_fetched},
+          {"bytes_from_cache", s.bytes_from_cache},
+          {"chunks_fetched", s.chunks_fetched}, {"readahead_fetches", s.readahead_fetches},
+          {"list_fetches", s.list_fetches},     {"extents_touched", s.extents_touched},
           {"bytes_touched", s.bytes_touched},   {"blob_fetched_percent", s.blob_fetched_percent},
           {"fetch_p50_ms", s.fetch_p50_ms},     {"fetch_p99_ms", s.fetch_p99_ms},
           {"read_errors", s.read_errors}};

@@ -10,7 +10,21 @@
 namespace strata::lazyfs {
 namespace {
 constexpr size_t kLatencySamples = 4096;
+// Readahead (served_layer.h has the why).
+constexpr size_t kStreams = 8;          // sequential readers tracked per layer
+constexpr size_t kMaxGap = 4;           // extents a continuing read may skip
+constexpr size_t kStartWindow = 2;      // extents, on a stream's first step
+constexpr size_t kMaxWindow = 64;       // extents
+constexpr uint64_t kMaxAhead = 32 << 20;  // blob bytes ahead of the reader
+constexpr size_t kLayerRunning = 8;     // readahead fetches per layer at once
+constexpr auto kStreamIdle = std::chrono::seconds(2);
+
+uint64_t NowMs() {
+  return static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
+          .count());
 }
+}  // namespace
 
 ServedLayer::ServedLayer(Digest128 digest, cache::Manifest manifest, std::shared_ptr<cache::ObjectStore> store,
                          cache::ChunkCache& cache)
@@ -21,12 +35,13 @@ ServedLayer::ServedLayer(Digest128 digest, cache::Manifest manifest, std::shared
       touched_(new std::atomic<bool>[manifest_.extents.size()]()) {}
 
 Status ServedLayer::Load() {
-  auto h = cache_.Get(manifest_.meta_hash, store_);
+  auto h = cache_.Get(manifest_.meta_hash, store_, manifest_.meta_size);
   if (!h.ok()) return h.status().Annotate(StrCat("load metadata image of layer ", digest_.Hex()));
   if (h->size() != manifest_.meta_size) {
     return Error(EBADMSG, StrCat("layer ", digest_.Hex(), ": metadata image is ", h->size(), " bytes, manifest says ",
                                  manifest_.meta_size));
   }
+  meta_bytes_fetched_ = h->fetched_bytes();
   meta_ = std::move(*h);
   return OkStatus();
 }
@@ -39,7 +54,8 @@ Result<size_t> ServedLayer::ReadMeta(uint64_t offset, std::span<char> out) {
 
 void ServedLayer::NoteRead(size_t index, const cache::ChunkCache::Handle& h, uint64_t bytes, double fetch_ms) {
   if (h.fetched()) {
-    bytes_fetched_ += h.size();
+    bytes_fetched_ += h.fetched_bytes();
+    chunk_bytes_fetched_ += h.size();
     ++chunks_fetched_;
     std::lock_guard lock(mu_);
     if (fetch_ms_.size() < kLatencySamples) fetch_ms_.push_back(fetch_ms);
@@ -65,12 +81,21 @@ Result<size_t> ServedLayer::ReadBlob(uint64_t offset, std::span<char> out) {
       std::partition_point(extents.begin(), extents.end(),
                            [&](const cache::Extent& e) { return e.offset + e.length <= offset; }) -
       extents.begin());
+  // The extents this read touches, [i, last]: readahead starts before the
+  // read waits for its own.
+  if (i < extents.size() && extents[i].offset < end) {
+    size_t last = static_cast<size_t>(
+        std::partition_point(extents.begin() + static_cast<ptrdiff_t>(i), extents.end(),
+                             [&](const cache::Extent& e) { return e.offset < end; }) -
+        extents.begin()) - 1;
+    ReadAhead(i, last);
+  }
   while (offset < end) {
     if (i < extents.size() && extents[i].offset <= offset) {
       const cache::Extent& e = extents[i];
       size_t want = static_cast<size_t>(std::min(end, e.offset + e.length) - offset);
       auto start = std::chrono::steady_clock::now();
-      auto h = cache_.Get(e.hash, store_);
+      auto h = cache_.Get(e.hash, store_, e.length);
       if (!h.ok()) {
         ++read_errors_;
         return h.status().Annotate(StrCat("layer ", digest_.Hex(), ": blob offset ", offset));
@@ -98,10 +123,100 @@ Result<size_t> ServedLayer::ReadBlob(uint64_t offset, std::span<char> out) {
   return done;
 }
 
-void ServedLayer::Prefetch(const std::vector<uint32_t>& list) {
-  for (uint32_t i : list) {
-    if (i < manifest_.extents.size()) cache_.Prefetch(manifest_.extents[i].hash, store_);
+void ServedLayer::NoteFetched(uint64_t stored_bytes, size_t index) {
+  if (!stored_bytes) return;  // failed: a reader that needs it will say so
+  bytes_fetched_ += stored_bytes;
+  chunk_bytes_fetched_ += manifest_.extents[index].length;
+  ++chunks_fetched_;
+}
+
+void ServedLayer::FetchDone(uint64_t stored_bytes, size_t index, bool list) {
+  NoteFetched(stored_bytes, index);
+  std::lock_guard lock(ra_mu_);
+  if (list) {
+    --list_running_;
+    if (stored_bytes) ++list_fetches_;
+  } else {
+    --ra_running_;
+    if (stored_bytes) ++readahead_fetches_;
   }
+  TopUpLocked();
+  ra_cv_.notify_all();
+}
+
+void ServedLayer::Prefetch(const std::vector<uint32_t>& list) {
+  std::weak_ptr<ServedLayer> weak = weak_from_this();
+  for (uint32_t i : list) {
+    if (i >= manifest_.extents.size()) continue;
+    const cache::Extent& e = manifest_.extents[i];
+    std::lock_guard lock(ra_mu_);
+    if (cache_.Prefetch(e.hash, store_, e.length, [weak, i](uint64_t bytes) {
+          if (auto self = weak.lock()) self->FetchDone(bytes, i, /*list=*/true);
+        })) {
+      ++list_running_;
+    }
+  }
+}
+
+void ServedLayer::ReadAhead(size_t first, size_t last) {
+  std::lock_guard lock(ra_mu_);
+  const uint64_t now = NowMs();
+  Stream* stream = nullptr;
+  for (auto& s : streams_) {
+    if (first + 1 >= s.next && first <= s.next + kMaxGap) {
+      stream = &s;
+      break;
+    }
+  }
+  if (stream) {
+    if (last + 1 > stream->next) {  // a step onto new extents
+      stream->next = last + 1;
+      stream->window = stream->stepped ? std::min(stream->window * 2, kMaxWindow) : kStartWindow;
+      stream->stepped = true;
+    }
+    stream->used = now;
+  } else {
+    // A new reader, or one that jumped: a stream of its own, replacing the
+    // one idle longest. One read is not a pattern: no window until it steps.
+    if (streams_.size() < kStreams) {
+      streams_.emplace_back();
+      stream = &streams_.back();
+    } else {
+      stream = &*std::min_element(streams_.begin(), streams_.end(),
+                                  [](const Stream& a, const Stream& b) { return a.used < b.used; });
+    }
+    *stream = Stream{last + 1, 0, last + 1, now, false};
+  }
+  TopUpLocked();
+}
+
+void ServedLayer::TopUpLocked() {
+  if (list_running_ > 0) return;
+  const auto& extents = manifest_.extents;
+  const uint64_t now = NowMs();
+  const uint64_t idle_ms = std::chrono::duration_cast<std::chrono::milliseconds>(kStreamIdle).count();
+  std::weak_ptr<ServedLayer> weak = weak_from_this();
+  for (auto& s : streams_) {
+    if (ra_running_ >= kLayerRunning) return;
+    if (!s.stepped || s.next >= extents.size() || now - s.used > idle_ms) continue;
+    const size_t end = std::min(extents.size(), s.next + s.window);
+    const uint64_t limit = extents[s.next].offset + kMaxAhead;
+    size_t i = std::max(s.issued, s.next);
+    for (; i < end && ra_running_ < kLayerRunning && extents[i].offset < limit; ++i) {
+      if (touched_[i].load(std::memory_order_relaxed)) continue;  // read already: cached
+      if (cache_.Prefetch(extents[i].hash, store_, extents[i].length, [weak, i](uint64_t bytes) {
+            if (auto self = weak.lock()) self->FetchDone(bytes, i, /*list=*/false);
+          })) {
+        ++ra_running_;
+      }
+    }
+    s.issued = i;
+  }
+}
+
+void ServedLayer::WaitForBackground() {
+  std::unique_lock lock(ra_mu_);
+  ra_cv_.wait(lock, [&] { return ra_running_ == 0 && list_running_ == 0; });
 }
 
 std::vector<uint32_t> ServedLayer::AccessOrder() const {
@@ -115,7 +230,11 @@ LayerStats ServedLayer::Stats() const {
   s.blob_bytes = manifest_.blob_size;
   s.image_bytes = s.meta_bytes + s.blob_bytes;
   s.stored_bytes = manifest_.StoredBytes();
+  s.meta_bytes_fetched = meta_bytes_fetched_;
   s.bytes_fetched = bytes_fetched_;
+  s.chunk_bytes_fetched = chunk_bytes_fetched_;
+  s.readahead_fetches = readahead_fetches_;
+  s.list_fetches = list_fetches_;
   s.bytes_from_cache = bytes_from_cache_;
   s.chunks_fetched = chunks_fetched_;
   s.extents_touched = extents_touched_;

@@ -1,8 +1,21 @@
 // ServedLayer: one layer as lazyfs serves it — its metadata image and its
 // blob as byte ranges, read through the node's chunk cache.
+//
+// Readahead: a reader that walks the blob in order (extent after extent,
+// small gaps allowed: dedup and holes) gets the next extents fetched ahead
+// of it in the background, in a window that starts at 2 extents on its
+// first step onto a following extent and doubles with every step up to 64
+// extents or 32 MiB of blob. At most 8 such
+// fetches per layer run at once, and the chunk cache runs at most its
+// background share (DaemonOptions::prefetch_threads) for the whole node, all
+// behind every waiting read. A reader that jumps away starts a new stream;
+// the old one is never fetched past its window and stops being topped up
+// once idle. While a recorded access list is being prefetched the layer does
+// no readahead: the list knows better than a guess.
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -21,9 +34,13 @@ struct LayerStats {
   uint64_t meta_bytes = 0;
   uint64_t blob_bytes = 0;
   uint64_t stored_bytes = 0;       // distinct extent bytes + metadata image
-  uint64_t bytes_fetched = 0;      // from the store by reads of this layer
+  uint64_t meta_bytes_fetched = 0; // the metadata image as the store sent it (0: it was cached)
+  uint64_t bytes_fetched = 0;      // from the store for this layer's blob (as stored: compressed or not)
+  uint64_t chunk_bytes_fetched = 0;  // the chunks those bytes made
   uint64_t bytes_from_cache = 0;   // served from chunks already on the node
   uint64_t chunks_fetched = 0;
+  uint64_t readahead_fetches = 0;  // of chunks_fetched, started by readahead
+  uint64_t list_fetches = 0;       // of chunks_fetched, started by the recorded access list
   uint64_t extents_touched = 0;
   uint64_t bytes_touched = 0;      // distinct extent bytes read so far
   double blob_fetched_percent = 0; // bytes_touched / blob_bytes
@@ -31,8 +48,9 @@ struct LayerStats {
   uint64_t read_errors = 0;
 };
 
-class ServedLayer {
+class ServedLayer : public std::enable_shared_from_this<ServedLayer> {
  public:
+  // Always held by a shared_ptr (readahead's completions hold a weak one).
   ServedLayer(Digest128 digest, cache::Manifest manifest, std::shared_ptr<cache::ObjectStore> store,
               cache::ChunkCache& cache);
 
@@ -51,8 +69,10 @@ class ServedLayer {
   Result<size_t> ReadBlob(uint64_t offset, std::span<char> out);
 
   // Queues background fetches of the listed extents (indexes into the
-  // manifest's extents), in order.
+  // manifest's extents), in order; readahead waits until they are done.
   void Prefetch(const std::vector<uint32_t>& extents);
+  // Blocks until no readahead or list fetch of this layer runs (tests).
+  void WaitForBackground();
 
   // Extent indexes in the order this layer first read them.
   std::vector<uint32_t> AccessOrder() const;
@@ -60,6 +80,20 @@ class ServedLayer {
 
  private:
   void NoteRead(size_t index, const cache::ChunkCache::Handle& h, uint64_t bytes, double fetch_ms);
+  void NoteFetched(uint64_t stored_bytes, size_t index);
+  // Readahead for a read that touched extents [first, last].
+  void ReadAhead(size_t first, size_t last);
+  // Starts what the live streams' windows allow; ra_mu_ held.
+  void TopUpLocked();
+  void FetchDone(uint64_t stored_bytes, size_t index, bool list);
+
+  struct Stream {
+    size_t next = 0;     // the extent after the last one read
+    size_t window = 0;   // extents to keep fetched ahead of `next`
+    size_t issued = 0;   // readahead has been asked up to here (exclusive)
+    uint64_t used = 0;   // when a read last continued it (steady ms)
+    bool stepped = false;  // read onto a following extent at least once
+  };
 
   const Digest128 digest_;
   const cache::Manifest manifest_;
@@ -68,12 +102,19 @@ class ServedLayer {
   cache::ChunkCache::Handle meta_;
 
   std::unique_ptr<std::atomic<bool>[]> touched_;
-  std::atomic<uint64_t> bytes_fetched_{0}, bytes_from_cache_{0}, chunks_fetched_{0};
+  std::atomic<uint64_t> bytes_fetched_{0}, chunk_bytes_fetched_{0}, bytes_from_cache_{0}, chunks_fetched_{0};
+  std::atomic<uint64_t> readahead_fetches_{0}, list_fetches_{0}, meta_bytes_fetched_{0};
   std::atomic<uint64_t> extents_touched_{0}, bytes_touched_{0}, read_errors_{0};
   mutable std::mutex mu_;                 // guards the two below
   std::vector<uint32_t> access_order_;
   std::vector<double> fetch_ms_;          // the latest fetch latencies (a ring)
   size_t fetch_ms_next_ = 0;
+
+  std::mutex ra_mu_;                      // guards the readahead state below
+  std::condition_variable ra_cv_;
+  std::vector<Stream> streams_;
+  size_t ra_running_ = 0;                 // readahead fetches started, not ended
+  size_t list_running_ = 0;               // access-list fetches started, not ended
 };
 
 }  // namespace strata::lazyfs
