@@ -22,18 +22,9 @@
 
 namespace strata::cache {
 
-// One chunk file held open. `served` counts the maintainer's passes still
-// to drop its pages (set by a read, see ChunkCacheOptions::drop_served_pages);
-// the last holder drops them too as it closes the file.
 struct ChunkCache::OpenChunk {
   UniqueFd fd;
   uint64_t size = 0;
-  bool drop = false;
-  std::atomic<int> served{0};
-  void DropPages() const { ::posix_fadvise(fd.get(), 0, 0, POSIX_FADV_DONTNEED); }
-  ~OpenChunk() {
-    if (drop && served.load(std::memory_order_relaxed) > 0 && fd) DropPages();
-  }
 };
 
 struct ChunkCache::Flight {
@@ -58,10 +49,12 @@ constexpr auto kTouchFlushInterval = std::chrono::seconds(1);
 constexpr auto kSyncInterval = std::chrono::seconds(30);
 constexpr uint64_t kHighWaterPercent = 95;
 constexpr uint64_t kLowWaterPercent = 90;
-// Passes of the maintainer (one a second) that drop a served chunk's pages:
-// the first may find them still dirty from the write (DONTNEED starts their
-// writeback and skips them), the second drops them clean.
-constexpr int kDropPasses = 2;
+
+uint64_t NowMs() {
+  return static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
+          .count());
+}
 
 uint64_t NowMicros() {
   return static_cast<uint64_t>(
@@ -134,7 +127,6 @@ Result<size_t> ChunkCache::Handle::Read(uint64_t offset, std::span<char> out) co
   if (!chunk_) return Error(EINVAL, "read of an empty chunk handle");
   if (offset >= chunk_->size) return size_t{0};
   size_t want = static_cast<size_t>(std::min<uint64_t>(out.size(), chunk_->size - offset));
-  if (chunk_->drop) chunk_->served.store(kDropPasses, std::memory_order_relaxed);
   return PreadFull(chunk_->fd.get(), out.first(want), offset);
 }
 
@@ -344,7 +336,6 @@ std::shared_ptr<ChunkCache::OpenChunk> ChunkCache::OpenCached(const Digest128& i
   if (fd < 0) return nullptr;
   auto chunk = std::make_shared<OpenChunk>();
   chunk->fd.reset(fd);
-  chunk->drop = options_.drop_served_pages;
   struct stat st;
   if (::fstat(fd, &st) != 0) return nullptr;
   chunk->size = static_cast<uint64_t>(st.st_size);
@@ -534,7 +525,6 @@ Result<std::shared_ptr<ChunkCache::OpenChunk>> ChunkCache::Insert(const Digest12
   const std::string tmp = StrCat(options_.dir, "/tmp/", hex, ".", getpid(), ".", tmp_counter_.fetch_add(1));
   auto chunk = std::make_shared<OpenChunk>();
   chunk->size = data.size();
-  chunk->drop = options_.drop_served_pages;
   {
     STRATA_ASSIGN_OR_RETURN(chunk->fd, OpenFile(tmp, O_RDWR | O_CREAT | O_EXCL, 0644));
     Status s = WriteFull(chunk->fd.get(), data);
@@ -542,9 +532,6 @@ Result<std::shared_ptr<ChunkCache::OpenChunk>> ChunkCache::Insert(const Digest12
       ::unlink(tmp.c_str());
       return s.Annotate(StrCat("write ", tmp));
     }
-    // Start writing it back now, so its pages are clean (and can be
-    // dropped) by the time it has been served.
-    if (options_.drop_served_pages) ::sync_file_range(chunk->fd.get(), 0, 0, SYNC_FILE_RANGE_WRITE);
   }
   const std::string final_path = DataPath(id);
   // The rename happens inside the write transaction: LMDB's writer lock
@@ -675,7 +662,7 @@ void ChunkCache::Maintain() {
     maintain_cv_.wait_for(lock, kTouchFlushInterval);
     if (stopping_) break;
     lock.unlock();
-    if (options_.drop_served_pages) DropServedPages();
+    DropServedPages();
     Status s = Flush();
     if (s.ok() && std::chrono::steady_clock::now() >= next_sync) {
       s = SyncToDisk();
@@ -686,17 +673,45 @@ void ChunkCache::Maintain() {
   }
 }
 
+void ChunkCache::DropWhenIdle(const Digest128& id) {
+  std::lock_guard lock(served_mu_);
+  served_[id] = {NowMs(), false};
+}
+
 void ChunkCache::DropServedPages() {
-  std::vector<std::shared_ptr<OpenChunk>> served;
+  const uint64_t now = NowMs();
+  const uint64_t idle_ms =
+      static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(options_.served_idle).count());
+  std::vector<std::pair<Digest128, bool>> due;  // id, written back already
   {
-    std::lock_guard lock(mu_);
-    for (const auto& [id, chunk] : open_) {
-      if (chunk->served.load(std::memory_order_relaxed) > 0) served.push_back(chunk);
+    std::lock_guard lock(served_mu_);
+    for (auto it = served_.begin(); it != served_.end();) {
+      if (now - it->second.last_ms < idle_ms) {
+        ++it;
+        continue;
+      }
+      due.emplace_back(it->first, it->second.written_back);
+      if (it->second.written_back) {
+        it = served_.erase(it);
+      } else {
+        it->second = {now, true};
+        ++it;
+      }
     }
   }
-  for (const auto& chunk : served) {
-    chunk->DropPages();
-    chunk->served.fetch_sub(1, std::memory_order_relaxed);
+  // Dirty pages cannot be dropped: first start their writeback, then, a
+  // pass later, wait for whatever of it is left (this thread only) and drop
+  // the clean pages. A chunk evicted meanwhile has no file.
+  for (const auto& [id, written_back] : due) {
+    UniqueFd fd(::open(DataPath(id).c_str(), O_RDONLY | O_CLOEXEC));
+    if (!fd) continue;
+    if (written_back) {
+      ::sync_file_range(fd.get(), 0, 0,
+                        SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER);
+      ::posix_fadvise(fd.get(), 0, 0, POSIX_FADV_DONTNEED);
+    } else {
+      ::sync_file_range(fd.get(), 0, 0, SYNC_FILE_RANGE_WRITE);
+    }
   }
 }
 

@@ -51,11 +51,7 @@ struct ChunkCacheOptions {
   Duration fetch_deadline = std::chrono::seconds(60);  // longest a Get waits
   size_t max_open_files = 1024;    // descriptors kept open for fast hits
   size_t map_size = size_t{1} << 30;  // LMDB map: ~10 M chunks
-  // Keep a chunk file's pages out of the page cache once it has been read:
-  // lazyfs's readers (EROFS, FUSE) cache what they read themselves, so the
-  // node would otherwise hold every layer twice. Writeback of a new chunk
-  // starts at once; a second or two after its last read its pages go.
-  bool drop_served_pages = true;
+  Duration served_idle = std::chrono::seconds(3);  // see DropWhenIdle
 };
 
 // Counters of this process since Open().
@@ -137,6 +133,13 @@ class ChunkCache {
   bool Prefetch(const Digest128& id, const std::shared_ptr<ObjectStore>& store, uint64_t size = 0,
                 FetchDone done = nullptr);
   bool Contains(const Digest128& id);
+  // The caller has handed the chunk's bytes to a reader that caches them
+  // itself (lazyfs: EROFS's or FUSE's page cache): once nobody has read it
+  // for options.served_idle (3 s), its file's writeback is started, and as
+  // long again later its pages are dropped, so the node does not hold the
+  // data twice. (Sooner costs cold reads: the writeback then competes with
+  // the fetches, docs/benchmarks.md.)
+  void DropWhenIdle(const Digest128& id);
 
   ChunkCacheStats stats() const;
   Result<ChunkCacheUsage> Usage();
@@ -172,7 +175,7 @@ class ChunkCache {
   bool Pinned(const Digest128& id);
   void Touch(const Digest128& id);
   void Maintain();
-  void DropServedPages();
+  void DropServedPages();  // the maintainer's part of DropWhenIdle
   Status SyncToDisk();
 
   const ChunkCacheOptions options_;
@@ -191,6 +194,13 @@ class ChunkCache {
   ChunkCacheStats stats_;  // guarded by mu_
   size_t jobs_ = 0;        // fetch jobs queued or running; guarded by mu_
   std::condition_variable idle_cv_;
+
+  struct Served {
+    uint64_t last_ms = 0;       // steady clock, of the last DropWhenIdle
+    bool written_back = false;  // writeback started; drop on the next pass
+  };
+  std::mutex served_mu_;
+  std::unordered_map<Digest128, Served, Digest128Hash> served_;
 
   std::mutex maintain_mu_;
   std::condition_variable maintain_cv_;

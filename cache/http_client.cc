@@ -100,6 +100,12 @@ const CurlApi& Curl() {
   return api;
 }
 
+}  // namespace
+
+Status LoadHttp() { return Curl().status; }
+
+namespace {
+
 struct CurlDeleter {
   void operator()(CURL* c) const { Curl().easy_cleanup(c); }
 };

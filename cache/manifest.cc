@@ -52,7 +52,7 @@ namespace {
 
 Result<Digest128> DigestField(const json& j, std::string_view what) {
   if (!j.is_string()) return Error(EINVAL, StrCat("manifest: ", what, " is not a string"));
-  auto d = Digest128::FromHex(j.get<std::string>());
+  auto d = Digest128::FromHex(j.get_ref<const std::string&>());
   if (!d) return Error(EINVAL, StrCat("manifest: ", what, " is not 32 hex digits"));
   return *d;
 }

@@ -31,9 +31,14 @@ std::string Digest128::Hex() const {
 
 std::optional<Digest128> Digest128::FromHex(std::string_view hex) {
   if (hex.size() != 32) return std::nullopt;
-  auto bytes = HexDecode(hex);
-  if (!bytes) return std::nullopt;
-  return FromBytes(bytes->data());
+  uint64_t half[2] = {0, 0};
+  for (size_t i = 0; i < 32; ++i) {
+    char c = hex[i];
+    int v = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+    if (v < 0) return std::nullopt;
+    half[i / 16] = half[i / 16] << 4 | static_cast<uint64_t>(v);
+  }
+  return Digest128{half[0], half[1]};
 }
 
 Digest128 HashBytes(std::span<const char> data) {

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "cache/http_client.h"
 #include "common/fs.h"
 #include "common/log.h"
 #include "common/mount.h"
@@ -400,6 +401,8 @@ json Daemon::Stats(const std::string& mountpoint_filter) {
 }
 
 void Daemon::Maintain() {
+  // Remote stores need libcurl: load it here rather than in the first mount.
+  if (Status http = cache::LoadHttp(); !http.ok()) STRATA_LOG(kInfo) << "lazyfs: " << http.ToString();
   const auto lease_every = options_.lease_ttl / 4;
   auto next_lease = std::chrono::steady_clock::now() + lease_every;
   std::unique_lock stop_lock(stop_mu_);

@@ -49,6 +49,7 @@ Status ServedLayer::Load() {
 Result<size_t> ServedLayer::ReadMeta(uint64_t offset, std::span<char> out) {
   auto n = meta_.Read(offset, out);
   if (!n.ok()) ++read_errors_;
+  else cache_.DropWhenIdle(manifest_.meta_hash);
   return n;
 }
 
@@ -108,6 +109,7 @@ Result<size_t> ServedLayer::ReadBlob(uint64_t offset, std::span<char> out) {
         return Error(EIO, StrCat("layer ", digest_.Hex(), ": chunk ", e.hash.Hex(), " is shorter than its extent"));
       }
       NoteRead(i, *h, want, ms);
+      cache_.DropWhenIdle(e.hash);  // the kernel caches what it read
       done += want;
       offset += want;
       ++i;

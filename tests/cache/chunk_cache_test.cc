@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -245,6 +246,42 @@ TEST_F(ChunkCacheTest, ACorruptCompressedObjectIsRefusedAndNeverCached) {
   ASSERT_OK(inner_->Put(ChunkKey(id), *CompressChunk(data, Compression{})));
   EXPECT_EQ(cache->Get(id, store_, data.size() - 1).status().code(), EBADMSG);
   EXPECT_EQ(ReadAll(*cache, id), data);
+}
+
+// Bytes of `path` in the page cache (cachestat(2), Linux 6.5); -1 when the
+// kernel cannot say.
+int64_t CachedBytes(const std::string& path) {
+  struct {
+    uint64_t off, len;
+  } range{0, 0};
+  struct {
+    uint64_t nr_cache, nr_dirty, nr_writeback, nr_evicted, nr_recently_evicted;
+  } st{};
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd || ::syscall(451 /* cachestat */, fd.get(), &range, &st, 0) != 0) return -1;
+  return static_cast<int64_t>(st.nr_cache * static_cast<uint64_t>(::sysconf(_SC_PAGESIZE)));
+}
+
+TEST_F(ChunkCacheTest, ServedChunksLeaveThePageCacheOnceIdle) {
+  std::string data = RandomBytes(1 << 20, 12);
+  Digest128 id = PutChunk(data);
+  Digest128 kept = PutChunk(RandomBytes(1 << 20, 13));
+  ChunkCacheOptions options;
+  options.served_idle = std::chrono::milliseconds(100);
+  auto cache = OpenCache(options);
+  EXPECT_EQ(ReadAll(*cache, id), data);
+  ASSERT_TRUE(ReadAll(*cache, kept).size() == data.size());
+  const std::string path = StrCat(cache_dir_.path(), "/data/", id.Hex().substr(0, 2), "/", id.Hex());
+  const std::string kept_path = StrCat(cache_dir_.path(), "/data/", kept.Hex().substr(0, 2), "/", kept.Hex());
+  if (CachedBytes(path) < 0) GTEST_SKIP() << "no cachestat(2) on this kernel";
+  EXPECT_GT(CachedBytes(path), 0);  // just written and read
+  cache->DropWhenIdle(id);
+  for (int i = 0; i < 100 && CachedBytes(path) > 0; ++i) std::this_thread::sleep_for(50ms);
+  EXPECT_EQ(CachedBytes(path), 0);
+  EXPECT_GT(CachedBytes(kept_path), 0);  // nobody said it was served
+  // Dropped from memory, not from the cache: it reads back from disk.
+  EXPECT_EQ(ReadAll(*cache, id), data);
+  EXPECT_EQ(cache->stats().fetches, 2u);
 }
 
 TEST_F(ChunkCacheTest, AllWaitersGetTheSameErrorAndTheNextReadRetries) {
