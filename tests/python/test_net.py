@@ -23,7 +23,6 @@ POOL = "10.215.0.0/24"
 GATEWAY = "10.215.0.1"
 TABLE = "strata_10_215_0_0_24"
 NETNS = "/run/strata/netns/" + TABLE  # the node's namespace files
-HOST_PORT = 18080  # a server of the node's own, on every address
 
 
 def nft_json(*what):
@@ -92,7 +91,9 @@ def host_server():
             self.end_headers()
             self.wfile.write(b"the node's own service\n")
 
-    server = ThreadingHTTPServer(("0.0.0.0", HOST_PORT), H)
+    # A server of the node's own, on every address, on a port the kernel picks.
+    server = ThreadingHTTPServer(("0.0.0.0", 0), H)
+    server.port = server.server_address[1]
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield server
     server.shutdown()
@@ -190,9 +191,9 @@ def test_allowlist(client, net_node, host_server):
         r = sb.exec(f"ping -c 1 -W 2 {NAMES['a.test']}", timeout=10)
         assert r.exit_code != 0, r
         # The node: not at its own addresses, not at the gateway (a server on every address).
-        assert urlopen_ok(f"http://127.0.0.1:{HOST_PORT}/")  # (it is there)
-        refused(sb, node_address(), HOST_PORT)
-        refused(sb, GATEWAY, HOST_PORT)
+        assert urlopen_ok(f"http://127.0.0.1:{host_server.port}/")  # (it is there)
+        refused(sb, node_address(), host_server.port)
+        refused(sb, GATEWAY, host_server.port)
         refused(sb, GATEWAY, 22)
         # Another sandbox: unreachable, while it reaches its own listener.
         other.exec("echo hi > /tmp/index.html; httpd -f -p 7000 -h /tmp", detach=True)
@@ -282,8 +283,8 @@ def test_open_mode(client, net_node, host_server):
         code, out = fetch(sb, "b.test")
         assert code == 0 and "198.18.1.2" in out, out
         assert fetch(sb, "198.18.1.4", 8080)[0] == 0
-        refused(sb, node_address(), HOST_PORT)
-        refused(sb, GATEWAY, HOST_PORT)
+        refused(sb, node_address(), host_server.port)
+        refused(sb, GATEWAY, host_server.port)
         refused(sb, PRIVATE_HOST)
         refused(sb, METADATA_HOST)
         # A private range the operator allows (--allow-private 10.99.2.0/24).
