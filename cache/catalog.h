@@ -49,7 +49,7 @@ struct Lease {
 };
 
 // What a store asks of everyone who writes to it; settings.json, e.g.
-// {"compress": "zstd:3"}. A store without the object has the defaults.
+// {"compress": "zstd:1"}. A store without the object has the defaults.
 struct StoreSettings {
   Compression compression;  // of the chunks pushed without --compress
 };

@@ -23,13 +23,13 @@ namespace strata::cache {
 
 struct Compression {
   bool zstd = true;
-  int level = 3;
+  int level = 1;
   // "none" or "zstd:LEVEL".
   std::string ToString() const;
   friend bool operator==(const Compression&, const Compression&) = default;
 };
 
-// "none", "zstd" (level 3) or "zstd:LEVEL" (1-19); the error names the text.
+// "none", "zstd" (level 1) or "zstd:LEVEL" (1-19); the error names the text.
 Result<Compression> ParseCompression(std::string_view text);
 
 // The bytes to store for a chunk: a zstd frame of `raw` when compression is

@@ -143,7 +143,7 @@ int main(int argc, char** argv) {
   build->add_option("--chunk-size", chunk_text, "EROFS chunk size, the largest extent")->capture_default_str();
   build->add_option("--tag", tag_text, "also push and tag as NAME:VERSION");
   std::string compress_text;
-  const char* compress_help = "chunk encoding in the store: none, zstd or zstd:LEVEL (1-19; default: the store's setting, zstd:3)";
+  const char* compress_help = "chunk encoding in the store: none, zstd or zstd:LEVEL (1-19; default: the store's setting, zstd:1)";
   build->add_option("--compress", compress_text, compress_help);
 
   auto* push = app.add_subcommand("push", "publish a built layer directory");

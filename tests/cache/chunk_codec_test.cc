@@ -24,7 +24,7 @@ TEST(ChunkCodecTest, ParsesCompressionSettings) {
   ASSERT_OK_AND_ASSIGN(Compression none, ParseCompression("none"));
   EXPECT_FALSE(none.zstd);
   ASSERT_OK_AND_ASSIGN(Compression def, ParseCompression("zstd"));
-  EXPECT_EQ(def, (Compression{true, 3}));
+  EXPECT_EQ(def, (Compression{true, 1}));
   ASSERT_OK_AND_ASSIGN(Compression nine, ParseCompression("zstd:9"));
   EXPECT_EQ(nine.ToString(), "zstd:9");
   for (const char* bad : {"", "gzip", "zstd:", "zstd:0", "zstd:20", "zstd:3x", "zstd:-1", "ZSTD"}) {

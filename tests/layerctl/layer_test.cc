@@ -284,7 +284,7 @@ TEST_F(LayerTest, ChunksAreCompressedByTheStoresDefaultAndMixedStoresWork) {
 
   // The store's default: zstd:5 from settings.json.
   ASSERT_OK_AND_ASSIGN(cache::StoreSettings settings, catalog_->GetSettings());
-  EXPECT_EQ(settings.compression, (cache::Compression{true, 3}));  // none written yet: the default
+  EXPECT_EQ(settings.compression, (cache::Compression{true, 1}));  // none written yet: the default
   ASSERT_OK(catalog_->PutSettings({cache::Compression{true, 5}}));
   ASSERT_OK_AND_ASSIGN(settings, catalog_->GetSettings());
   EXPECT_EQ(settings.compression.ToString(), "zstd:5");
