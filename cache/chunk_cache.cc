@@ -318,6 +318,10 @@ Status ChunkCache::Reconcile(bool rebuilt) {
 }
 
 ChunkCache::~ChunkCache() {
+  {
+    std::lock_guard lock(mu_);
+    closing_ = true;  // completions that run while the pool drains start nothing
+  }
   pool_.reset();  // no fetch runs past this point
   {
     std::lock_guard lock(maintain_mu_);
@@ -390,6 +394,13 @@ std::shared_ptr<ChunkCache::Flight> ChunkCache::StartFetch(const Digest128& id,
   bool submit = false;
   {
     std::lock_guard lock(mu_);
+    if (closing_) {
+      // The pool is draining (a prefetch's completion asked for more).
+      flight = std::make_shared<Flight>();
+      flight->done = true;
+      flight->status = Error(ECANCELED, StrCat("fetch chunk ", id.Hex(), ": the chunk cache is closing"));
+      return flight;
+    }
     auto it = inflight_.find(id);
     if (it != inflight_.end()) {
       flight = it->second;
@@ -420,13 +431,11 @@ std::shared_ptr<ChunkCache::Flight> ChunkCache::StartFetch(const Digest128& id,
       if (background) ++stats_.prefetches;
       else ++stats_.misses;
     }
+    if (submit) ++jobs_;  // with the flight, so WaitForFetches() sees both or neither
   }
   if (submit) {
-    {
-      std::lock_guard lock(mu_);
-      ++jobs_;
-    }
-    auto priority = background && !flight->promoted ? ThreadPool::Priority::kBackground : ThreadPool::Priority::kUrgent;
+    // A promotion (a Get joining a queued prefetch) is never background.
+    auto priority = background ? ThreadPool::Priority::kBackground : ThreadPool::Priority::kUrgent;
     pool_->Submit(
         [this, id, size, store = std::shared_ptr<ObjectStore>(store), flight]() mutable {
           FetchDone callback;
@@ -679,14 +688,14 @@ void ChunkCache::DropWhenIdle(const Digest128& id) {
 }
 
 void ChunkCache::DropServedPages() {
-  const uint64_t now = NowMs();
   const uint64_t idle_ms =
       static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(options_.served_idle).count());
   std::vector<std::pair<Digest128, bool>> due;  // id, written back already
   {
     std::lock_guard lock(served_mu_);
+    const uint64_t now = NowMs();  // under the lock: no entry is newer
     for (auto it = served_.begin(); it != served_.end();) {
-      if (now - it->second.last_ms < idle_ms) {
+      if (it->second.last_ms + idle_ms > now) {
         ++it;
         continue;
       }
@@ -725,7 +734,7 @@ bool ChunkCache::Prefetch(const Digest128& id, const std::shared_ptr<ObjectStore
                           FetchDone done) {
   {
     std::lock_guard lock(mu_);
-    if (open_.count(id) || inflight_.count(id)) return false;
+    if (closing_ || open_.count(id) || inflight_.count(id)) return false;
   }
   if (::access(DataPath(id).c_str(), F_OK) == 0) return false;
   bool leader = false;

@@ -191,6 +191,7 @@ class ChunkCache {
   std::atomic<bool> evicting_{false};
   std::atomic<uint64_t> tmp_counter_{0};
 
+  bool closing_ = false;   // guarded by mu_: the destructor has begun
   ChunkCacheStats stats_;  // guarded by mu_
   size_t jobs_ = 0;        // fetch jobs queued or running; guarded by mu_
   std::condition_variable idle_cv_;

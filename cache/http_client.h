@@ -42,14 +42,14 @@ struct HttpOptions {
   std::string ca_file;
 };
 
-// Applies one query parameter to `options`. Returns false (and leaves the
-// options alone) when `name` is not one of the knobs above; an error when the
-// value does not parse.
 // Loads libcurl now; otherwise the first request does (about 20 ms with the
 // TLS libraries it brings). A long-running daemon calls it once it has
 // started, off its request path. The error says why libcurl cannot be had.
 Status LoadHttp();
 
+// Applies one query parameter to `options`. Returns false (and leaves the
+// options alone) when `name` is not one of the knobs above; an error when the
+// value does not parse.
 Result<bool> ApplyHttpOption(std::string_view name, std::string_view value, HttpOptions* options);
 
 // A URL split into its part before '?' and its decoded query parameters,

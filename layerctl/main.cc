@@ -223,6 +223,8 @@ int main(int argc, char** argv) {
       to_tag = *t;
     } else if (out_dir.empty()) {
       return Fail(Error(EINVAL, "build: give -o DIR, --tag NAME:VERSION, or both"));
+    } else if (!compress_text.empty()) {
+      return Fail(Error(EINVAL, "build: --compress applies to what --tag pushes; without --tag nothing is pushed"));
     }
     auto kind = cache::ParseLayerKind(kind_text);
     if (!kind.ok()) return Fail(kind.status());
