@@ -311,7 +311,10 @@ int Run(int argc, char** argv) {
   if (::geteuid() != 0) Check(Error(EPERM, "needs root: it mounts EROFS images and FUSE file systems"));
   const std::string repo = SelfDir() + "/../../..";
   std::string rootfs;
-  if (argc > 1) {
+  // Second argument: the layer's chunk size (default 1M), to see what it
+  // does to cold random reads and to everything else.
+  const uint32_t chunk_size = argc > 2 ? static_cast<uint32_t>(Check(ParseSize(argv[2]))) : 1u << 20;
+  if (argc > 1 && std::string_view(argv[1]) != "-") {
     rootfs = argv[1];
   } else {
     auto r = Check(RunCommand({.argv = {repo + "/scripts/bench-rootfs"}, .stderr_mode = StdStream::kInherit}));
@@ -322,7 +325,8 @@ int Run(int argc, char** argv) {
   const std::string store_dir = dir.Sub("store"), store_url = "file://" + store_dir;
 
   std::fprintf(stderr, "lazyfs_bench: building the layer from %s\n", rootfs.c_str());
-  auto built = Check(layerctl::BuildLayer({.source = rootfs, .output_dir = dir.Sub("layer"), .name = "bench"}));
+  auto built = Check(
+      layerctl::BuildLayer({.source = rootfs, .output_dir = dir.Sub("layer"), .name = "bench", .chunk_size = chunk_size}));
   cache::Catalog catalog(Check(cache::OpenStore(store_url)));
   Check(layerctl::Push(built, catalog, cache::LayerRef{"bench", "1"}).status());
   LocalImage local(JoinPath(built.dir, layerctl::kMetaFile), JoinPath(built.dir, layerctl::kBlobFile),
@@ -463,9 +467,9 @@ int Run(int argc, char** argv) {
   const Figures& k = fig[&kernel];
   const Figures& u = fig[&fuse];
   const double mib = MiB(tree_bytes);
-  std::printf("layer: %s, %zu files, %.0f MiB of file data; image %.0f MiB (metadata %.1f MiB); chunk size 1 MiB\n",
+  std::printf("layer: %s, %zu files, %.0f MiB of file data; image %.0f MiB (metadata %.1f MiB); chunk size %u KiB, %zu extents\n",
               rootfs.c_str(), files.size(), mib, MiB(built.manifest.meta_size + built.manifest.blob_size),
-              MiB(built.manifest.meta_size));
+              MiB(built.manifest.meta_size), chunk_size >> 10, built.manifest.extents.size());
   const uint64_t stored = DirBytes(store_dir + "/chunks");
   std::printf("store: file:// on local disk, chunks zstd:1 (the default): %.0f MiB, %.2f of the tree's bytes (target <= 0.65);\n"
               "cold = fresh daemon, empty cache, store and image files dropped from the page cache\n",
