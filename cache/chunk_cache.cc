@@ -355,7 +355,7 @@ Result<ChunkCache::Handle> ChunkCache::Get(const Digest128& id, const std::share
     if (auto it = open_.find(id); it != open_.end()) {
       ++stats_.hits;
       Touch(id);
-      return Handle(it->second, 0);
+      return Handle(it->second);
     }
   }
   if (auto chunk = OpenCached(id)) {
@@ -370,7 +370,7 @@ Result<ChunkCache::Handle> ChunkCache::Get(const Digest128& id, const std::share
     }
     ++stats_.hits;
     Touch(id);
-    return Handle(it->second, 0);
+    return Handle(it->second);
   }
   bool leader = false;
   std::shared_ptr<Flight> flight = StartFetch(id, store, size, /*background=*/false, &leader);
@@ -384,7 +384,7 @@ Result<ChunkCache::Handle> ChunkCache::Get(const Digest128& id, const std::share
                                    " ms"));
   }
   if (!flight->status.ok()) return flight->status;
-  return Handle(flight->chunk, leader ? std::max<uint64_t>(1, flight->fetched_bytes) : 0);
+  return leader ? Handle(flight->chunk, flight->fetched_bytes) : Handle(flight->chunk);
 }
 
 std::shared_ptr<ChunkCache::Flight> ChunkCache::StartFetch(const Digest128& id,
@@ -465,23 +465,18 @@ bool ChunkCache::RunFetch(const Digest128& id, ObjectStore& store, uint64_t size
   std::shared_ptr<OpenChunk> chunk;
   bool corrupt = false, compressed = false;
   uint64_t fetched = 0, decoded = 0;
-  auto data = store.Get(ChunkKey(id));
-  if (!data.ok()) {
-    status = std::move(data).status().Annotate(StrCat("fetch chunk ", id.Hex(), " from ", store.url()));
+  auto raw = GetChunk(store, id, size);
+  if (!raw.ok()) {
+    status = std::move(raw).status();
+    corrupt = status.code() == EBADMSG;
   } else {
-    fetched = data->size();
-    auto raw = DecodeChunk(id, std::move(*data), size);
-    if (!raw.ok()) {
-      corrupt = true;
-      status = std::move(raw).status().Annotate(StrCat("fetch from ", store.url()));
-    } else {
-      compressed = raw->compressed;
-      decoded = raw->bytes.size();
-      MakeRoom(decoded);
-      auto inserted = Insert(id, raw->bytes);
-      if (inserted.ok()) chunk = std::move(*inserted);
-      else status = std::move(inserted).status().Annotate(StrCat("cache chunk ", id.Hex()));
-    }
+    fetched = raw->stored_size;
+    compressed = raw->compressed;
+    decoded = raw->bytes.size();
+    MakeRoom(decoded);
+    auto inserted = Insert(id, raw->bytes);
+    if (inserted.ok()) chunk = std::move(*inserted);
+    else status = std::move(inserted).status().Annotate(StrCat("cache chunk ", id.Hex()));
   }
   if (!status.ok()) STRATA_LOG(kWarn) << status.ToString();
   {

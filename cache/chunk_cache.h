@@ -63,7 +63,7 @@ struct ChunkCacheStats {
   uint64_t fetch_errors = 0;    // store requests that failed
   uint64_t corrupt = 0;         // fetched chunks whose hash did not match
   uint64_t timeouts = 0;        // Get that gave up at the deadline
-  uint64_t bytes_fetched = 0;  // as the store holds them (compressed or not)
+  uint64_t bytes_fetched = 0;  // of good fetches, as the store holds them (compressed or not)
   uint64_t bytes_decoded = 0;  // the chunks those bytes made
   uint64_t compressed = 0;     // fetched chunks that came as zstd frames
   uint64_t evictions = 0;
@@ -99,15 +99,18 @@ class ChunkCache {
     // Reads up to out.size() bytes at `offset` of the chunk.
     Result<size_t> Read(uint64_t offset, std::span<char> out) const;
     // True when this Get started the store request for the chunk.
-    bool fetched() const { return fetched_ != 0; }
+    bool fetched() const { return fetched_; }
     // The bytes that request moved (the stored object, compressed or not).
-    uint64_t fetched_bytes() const { return fetched_; }
+    uint64_t fetched_bytes() const { return fetched_bytes_; }
 
    private:
     friend class ChunkCache;
-    Handle(std::shared_ptr<OpenChunk> c, uint64_t fetched) : chunk_(std::move(c)), fetched_(fetched) {}
+    explicit Handle(std::shared_ptr<OpenChunk> c) : chunk_(std::move(c)) {}
+    Handle(std::shared_ptr<OpenChunk> c, uint64_t fetched_bytes)
+        : chunk_(std::move(c)), fetched_(true), fetched_bytes_(fetched_bytes) {}
     std::shared_ptr<OpenChunk> chunk_;
-    uint64_t fetched_ = 0;
+    bool fetched_ = false;
+    uint64_t fetched_bytes_ = 0;
   };
 
   static Result<std::unique_ptr<ChunkCache>> Open(const ChunkCacheOptions& options);

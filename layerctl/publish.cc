@@ -36,11 +36,6 @@ std::vector<ChunkJob> DistinctChunks(const cache::Manifest& m) {
   return jobs;
 }
 
-// Fetches a chunk, decodes it and checks it against its name and size.
-Result<cache::DecodedChunk> FetchChunk(cache::ObjectStore& store, const ChunkJob& job) {
-  return cache::GetChunk(store, job.hash, job.length);
-}
-
 }  // namespace
 
 Result<PushReport> Push(const BuiltLayer& layer, const cache::Catalog& catalog,
@@ -137,7 +132,7 @@ Result<PullReport> Pull(const cache::Catalog& catalog, const Digest128& digest, 
   for (const auto& e : m.extents) offsets[e.hash].push_back(e.offset);
   Status s = ParallelFor(jobs.size(), parallel, [&](size_t i) -> Status {
     const ChunkJob& job = jobs[i];
-    STRATA_ASSIGN_OR_RETURN(cache::DecodedChunk chunk, FetchChunk(catalog.store(), job));
+    STRATA_ASSIGN_OR_RETURN(cache::DecodedChunk chunk, cache::GetChunk(catalog.store(), job.hash, job.length));
     const std::string& data = chunk.bytes;
     if (job.hash == m.meta_hash) {
       std::lock_guard lock(meta_mu);
@@ -172,7 +167,7 @@ Result<LayerVerifyReport> Verify(const cache::Catalog& catalog, const Digest128&
   std::mutex mu;
   Progress progress("verify", m.StoredBytes());
   Status s = ParallelFor(jobs.size(), parallel, [&](size_t i) -> Status {
-    auto data = FetchChunk(catalog.store(), jobs[i]);
+    auto data = cache::GetChunk(catalog.store(), jobs[i].hash, jobs[i].length);
     std::lock_guard lock(mu);
     if (!data.ok()) {
       report.problems.push_back(data.status().ToString());

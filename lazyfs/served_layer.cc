@@ -55,9 +55,7 @@ Result<size_t> ServedLayer::ReadMeta(uint64_t offset, std::span<char> out) {
 
 void ServedLayer::NoteRead(size_t index, const cache::ChunkCache::Handle& h, uint64_t bytes, double fetch_ms) {
   if (h.fetched()) {
-    bytes_fetched_ += h.fetched_bytes();
-    chunk_bytes_fetched_ += h.size();
-    ++chunks_fetched_;
+    NoteFetched(h.fetched_bytes(), index);
     std::lock_guard lock(mu_);
     if (fetch_ms_.size() < kLatencySamples) fetch_ms_.push_back(fetch_ms);
     else fetch_ms_[fetch_ms_next_++ % kLatencySamples] = fetch_ms;
