@@ -91,7 +91,7 @@ Status AgentClient::WaitReady(Duration wait) {
 namespace {
 
 json ExecRequestJson(const ExecRequest& request) {
-  return {{"argv", request.argv},
+  json j = {{"argv", request.argv},
           {"env", request.env},
           {"cwd", request.cwd},
           {"timeout_ms", std::chrono::duration_cast<std::chrono::milliseconds>(request.timeout).count()},
@@ -101,6 +101,8 @@ json ExecRequestJson(const ExecRequest& request) {
           {"isolate", request.isolate},
           {"isolate_network", request.isolate_network},
           {"kill_leftovers", request.kill_leftovers}};
+  if (!request.files.empty()) j["files"] = request.files.ToJson();
+  return j;
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 #include "common/status.h"
 #include "common/unique_fd.h"
 #include "common/units.h"
+#include "launcher/agent/file_rules.h"
 #include "launcher/agent/protocol.h"
 
 namespace strata::launcher {
@@ -38,6 +39,12 @@ struct ExecRequest {
   // exits (default: leftovers keep running; the exec ends 50 ms after the
   // command while they hold its output pipes).
   bool kill_leftovers = false;
+  // File rules for this command (docs/security.md); the sandbox's own are
+  // merged in unless `grader`.
+  FileRules files;
+  // The grader's exec (asked for by the API caller only): it runs without
+  // the sandbox's file rules and so sees its hidden files.
+  bool grader = false;
 };
 
 struct ExecResult {

@@ -62,13 +62,15 @@ int Report(const ExecResult& r, uint64_t cap, uint64_t memory) {
 json SpecJson(const SandboxSpec& s) {
   return {{"layers", s.layers}, {"store", s.store}, {"backend", s.backend}, {"cpus", s.limits.cpus},
           {"memory", s.limits.memory}, {"pids", s.limits.pids}, {"disk", s.disk},
-          {"network", s.network.ToJson()}, {"env", s.env}, {"workdir", s.workdir}};
+          {"network", s.network.ToJson()}, {"env", s.env}, {"workdir", s.workdir}, {"files", s.files.ToJson()}};
 }
 
 json ExecJson(const ExecRequest& r) {
   json j = {{"argv", r.argv}, {"env", r.env}, {"cwd", r.cwd}, {"output_cap", r.stdout_cap},
             {"timeout", std::chrono::duration<double>(r.timeout).count()}};
   if (r.stdin_data) j["stdin"] = Base64Encode(*r.stdin_data);
+  if (!r.files.empty()) j["files"] = r.files.ToJson();
+  if (r.grader) j["role"] = "grader";
   return j;
 }
 
@@ -199,7 +201,9 @@ int main(int argc, char** argv) {
   NodeConfig node = NodeConfig::FromEnvironment();
   SandboxSpec spec;
   ExecRequest request;
-  std::vector<std::string> allow;
+  std::vector<std::string> allow, deny, read_only;
+  std::string role = "agent";
+  bool include_denied = false;
   std::string memory, disk = "10G", timeout, runtime, net, output_cap = "1M", token_file;
   auto env_or = [](const char* name, const char* fallback) { return std::string(std::getenv(name) ? std::getenv(name) : fallback); };
   std::string socket = env_or("STRATA_LAUNCHER_SOCKET", kDefaultLauncherSocket);
@@ -222,6 +226,8 @@ int main(int argc, char** argv) {
     c->add_option("--runtime", runtime, "OCI runtime (default crun, or $STRATA_RUNTIME)");
     c->add_option("--env", spec.env, "K=V for commands");
     c->add_option("--workdir", spec.workdir, "working directory of commands")->capture_default_str();
+    c->add_option("--deny", deny, "PATH no command but the grader's may read, list, write or run (repeatable)");
+    c->add_option("--read-only", read_only, "PATH no command but the grader's may change (repeatable)");
     c->add_flag("-v,--verbose", verbose, "print the resolved layer digests and the sandbox id");
   };
   auto exec_flags = [&](CLI::App* c) {
@@ -315,6 +321,9 @@ int main(int argc, char** argv) {
   exec->add_option("--env", request.env, "K=V for the command");
   exec->add_option("--workdir", request.cwd, "working directory (default: the sandbox's)");
   exec->add_flag("-i,--stdin", with_stdin, "pass this process's stdin to the command");
+  exec->add_option("--deny", deny, "PATH this command may not read, list, write or run (repeatable)");
+  exec->add_option("--read-only", read_only, "PATH this command may not change (repeatable)");
+  exec->add_option("--role", role, "agent, or grader: run without the sandbox's file rules")->capture_default_str();
   exec_flags(exec);
   client_flags(exec);
   exec->footer("Command: launcher exec ID [options] -- CMD [ARG ...]");
@@ -333,6 +342,7 @@ int main(int argc, char** argv) {
   auto* snapshot = app.add_subcommand("snapshot", "capture a sandbox's changes as a diff layer");
   snapshot->add_option("ID", id)->required();
   snapshot->add_option("--tag", tag, "NAME:VERSION")->required();
+  snapshot->add_flag("--include-denied", include_denied, "also pack what lies under the sandbox's denied paths (operators)");
   client_flags(snapshot);
   auto* destroy = app.add_subcommand("destroy", "remove a sandbox and everything it made");
   destroy->add_option("ID", id)->required();
@@ -440,6 +450,13 @@ int main(int argc, char** argv) {
     if (!policy.ok()) return Fail(policy.status().Annotate("--net/--allow"));
     spec.network = *policy;
   }
+  if (!deny.empty() || !read_only.empty()) {
+    auto rules = MakeFileRules(deny, read_only, "--deny/--read-only");
+    if (!rules.ok()) return Fail(rules.status());
+    (exec->parsed() ? request.files : spec.files) = std::move(*rules);
+  }
+  if (role != "agent" && role != "grader") return Fail(Error(EINVAL, "--role: agent or grader, not " + Quote(role)));
+  request.grader = role == "grader";
   spec.limits.cpus = cpus;
   spec.limits.pids = pids;
   if (!memory.empty()) {
@@ -524,7 +541,7 @@ int main(int argc, char** argv) {
   if (resume->parsed()) return done(client.Resume(id));
   if (destroy->parsed()) return done(client.Destroy(id));
   if (snapshot->parsed()) {
-    auto r = client.Snapshot(id, tag);
+    auto r = client.Snapshot(id, tag, include_denied);
     if (!r.ok()) return Fail(r.status());
     std::printf("%s\n", (*r)["digest"].get<std::string>().c_str());
     return 0;

@@ -37,7 +37,7 @@ std::string PoolKey(const SandboxSpec& spec, const std::string& owner) {
 }
 
 json CallSpecJson(const SandboxSpec& spec) {
-  return {{"layers", spec.layers}, {"env", spec.env}, {"workdir", spec.workdir}};
+  return {{"layers", spec.layers}, {"env", spec.env}, {"workdir", spec.workdir}, {"files", spec.files.ToJson()}};
 }
 
 
@@ -113,6 +113,7 @@ json SandboxManager::Entry::Info() const {
   info["state"] = "running";
   info["pool"] = pool->warm->id();
   info["created"] = created;
+  info["files"] = spec.files.ToJson();
   if (!owner.empty()) info["tenant"] = owner;
   return with_ttl(info);
 }
@@ -204,6 +205,7 @@ Status SandboxManager::Recover() {
         entry->spec.layers = spec.value("layers", std::vector<std::string>{});
         entry->spec.env = spec.value("env", std::vector<std::string>{});
         entry->spec.workdir = spec.value("workdir", std::string("/"));
+        if (auto files = ParseFileRules(spec.value("files", json()), "state files"); files.ok()) entry->spec.files = std::move(*files);
         entry->spec.backend = "fncall";
         ++pool->users;
         sandboxes_[id] = entry;
@@ -439,6 +441,7 @@ Result<ExecResult> SandboxManager::Exec(const std::string& id, ExecRequest reque
       sb = pool->warm;
       if (request.env.empty()) request.env = entry->spec.env;
       if (request.cwd.empty()) request.cwd = entry->spec.workdir;
+      if (!request.grader) request.files = MergeFileRules(entry->spec.files, request.files);
     } else {
       if (entry->sandbox->paused()) return Error(EBUSY, StrCat("sandbox ", id, " is paused; resume it first"));
       sb = entry->sandbox;
@@ -652,7 +655,8 @@ Status SandboxManager::Destroy(const std::string& id) {
   return s.ok() ? forget : s;
 }
 
-Result<json> SandboxManager::Snapshot(const std::string& id, const std::string& tag, std::vector<std::string> excludes) {
+Result<json> SandboxManager::Snapshot(const std::string& id, const std::string& tag, std::vector<std::string> excludes,
+                                      bool include_denied) {
   STRATA_ASSIGN_OR_RETURN(cache::LayerRef ref, cache::ParseTag(tag));
   STRATA_ASSIGN_OR_RETURN(auto entry, Find(id));
   std::optional<UpperVolume> snapshot;
@@ -666,6 +670,16 @@ Result<json> SandboxManager::Snapshot(const std::string& id, const std::string& 
     snapshot.emplace(std::move(captured));
     for (const auto& layer : sb->layers()) parents.push_back(layer.digest.Hex());
     store_url = sb->store_url();
+    if (!include_denied) {
+      for (const std::string& path : sb->spec().files.deny) {  // (as a glob: its own metacharacters escaped)
+        std::string glob;
+        for (char c : path) {
+          if (c == '*' || c == '?' || c == '[' || c == '\\') glob += '\\';
+          glob += c;
+        }
+        excludes.push_back(std::move(glob));
+      }
+    }
   }
   const double frozen_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   STRATA_ASSIGN_OR_RETURN(auto store, cache::OpenStore(store_url));

@@ -65,8 +65,10 @@ class SandboxManager {
   // Freezes the sandbox while its upper volume is snapshotted, thaws it,
   // then packs the snapshot as a diff over the sandbox's stack and
   // publishes it under `tag` (see packdiff). Returns digest, parents,
-  // bytes, and how long the sandbox was frozen.
-  Result<nlohmann::json> Snapshot(const std::string& id, const std::string& tag, std::vector<std::string> excludes);
+  // bytes, and how long the sandbox was frozen. The sandbox's denied paths
+  // (its hidden files) are left out unless `include_denied`.
+  Result<nlohmann::json> Snapshot(const std::string& id, const std::string& tag, std::vector<std::string> excludes,
+                                  bool include_denied = false);
   Status Destroy(const std::string& id);
   // The network policy, address and counters; a new policy for a live
   // sandbox (EBADSLT for one without an interface, or of a pool).

@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <linux/capability.h>
 #include <linux/filter.h>
+#include <linux/landlock.h>
 #include <linux/seccomp.h>
 #include <net/if.h>
 #include <poll.h>
@@ -33,6 +34,7 @@
 
 #include "common/fs.h"
 #include "common/strings.h"
+#include "launcher/agent/file_rules.h"
 #include "launcher/agent/protocol.h"
 #include "launcher/container/oci_config.h"
 
@@ -57,6 +59,18 @@ Result<json> ParseJson(const std::string& payload) {
 // ---- Function calls: everything below runs in a forked child of a
 // multi-threaded process, so it keeps to async-signal-safe calls.
 
+// One mount that puts a file rule in force in a command's own mount
+// namespace (planned by the agent before the fork, made by the child).
+struct RuleMount {
+  enum Kind {
+    kPin,       // an ancestor of a protected path, bound onto itself: a mount point cannot be renamed or removed
+    kReadOnly,  // bound onto itself, then read-only with everything under it
+    kDenyDir,   // an empty read-only tmpfs over it
+    kDenyFile,  // /dev/null over it, on a mount without devices: every open fails
+  } kind;
+  std::string path;  // resolved in the agent's namespace
+};
+
 struct CallSpec {
   char** argv;
   char** envp;
@@ -64,14 +78,16 @@ struct CallSpec {
   int error_fd;         // the errno of a failed step goes here
   bool new_network;
   const std::string* seccomp;  // raw BPF
+  const std::vector<RuleMount>* rules;  // empty: none
 };
 
 // What failed before a command could run, reported on the error pipe so
 // the launcher's message names the step, not just an errno.
-enum class StartStep : int { kExec, kChdir, kNamespaces, kMounts, kLoopback, kPrivileges, kFork };
+enum class StartStep : int { kExec, kChdir, kNamespaces, kMounts, kLoopback, kPrivileges, kFork, kRules, kLandlock };
 struct StartFailure {
   StartStep step;
   int err;
+  int rule = -1;  // kRules: which RuleMount
 };
 
 const char* StepName(StartStep step) {
@@ -83,12 +99,14 @@ const char* StepName(StartStep step) {
     case StartStep::kLoopback: return "call: bring loopback up";
     case StartStep::kPrivileges: return "call: drop privileges and load seccomp";
     case StartStep::kFork: return "call: fork";
+    case StartStep::kRules: return "file rules";
+    case StartStep::kLandlock: return "file rules: enter a Landlock domain";
   }
   return "start";
 }
 
-[[noreturn]] void FailStart(int error_fd, StartStep step, int e) {
-  StartFailure f{step, e};
+[[noreturn]] void FailStart(int error_fd, StartStep step, int e, int rule = -1) {
+  StartFailure f{step, e, rule};
   ssize_t w = ::write(error_fd, &f, sizeof f);
   (void)w;
   ::_exit(127);
@@ -131,6 +149,56 @@ int LoopbackUp() {
   return e;
 }
 
+int SetReadOnly(const char* path, uint64_t extra) {
+  mount_attr attr{};
+  attr.attr_set = MOUNT_ATTR_RDONLY | extra;
+  return ::mount_setattr(AT_FDCWD, path, AT_RECURSIVE, &attr, sizeof attr) == 0 ? 0 : errno;
+}
+
+// Makes the rule mounts, in order, in the calling process's mount
+// namespace (already its own); on failure `*failed` is the rule's index.
+int MakeRuleMounts(const std::vector<RuleMount>& rules, int* failed) {
+  for (size_t i = 0; i < rules.size(); ++i) {
+    const char* p = rules[i].path.c_str();
+    *failed = static_cast<int>(i);
+    int rc = 0;
+    switch (rules[i].kind) {
+      case RuleMount::kPin:
+        rc = ::mount(p, p, nullptr, MS_BIND | MS_REC, nullptr) == 0 ? 0 : errno;
+        break;
+      case RuleMount::kReadOnly:
+        rc = ::mount(p, p, nullptr, MS_BIND | MS_REC, nullptr) == 0 ? SetReadOnly(p, 0) : errno;
+        break;
+      case RuleMount::kDenyDir:
+        rc = ::mount("tmpfs", p, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=4k,nr_inodes=1,mode=0") == 0 ? 0 : errno;
+        break;
+      case RuleMount::kDenyFile:
+        rc = ::mount("/dev/null", p, nullptr, MS_BIND, nullptr) == 0
+                 ? SetReadOnly(p, MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC | MOUNT_ATTR_NOSUID)
+                 : errno;
+        break;
+    }
+    if (rc) return rc;
+  }
+  return 0;
+}
+
+// A Landlock domain of the command's own: the kernel then refuses it (and
+// everything it starts) ptrace-level access to any process outside it:
+// /proc/PID/{root,cwd,fd,mem,environ,map_files}, ptrace, pidfd_getfd,
+// process_vm_readv. That closes the routes to the agent's and the
+// grader's view of the files. Its only file restriction (no block device
+// may be made) is one the user namespace already enforces.
+int EnterLandlockDomain() {
+  landlock_ruleset_attr attr{};
+  attr.handled_access_fs = LANDLOCK_ACCESS_FS_MAKE_BLOCK;
+  int fd = static_cast<int>(::syscall(SYS_landlock_create_ruleset, &attr, sizeof attr, 0));
+  if (fd < 0) return errno;
+  int rc = ::syscall(SYS_landlock_restrict_self, fd, 0) == 0 ? 0 : errno;
+  ::close(fd);
+  return rc;
+}
+
 // The command keeps the container's usual capabilities, not the two the
 // agent holds to build its namespaces, and runs under the default seccomp
 // profile.
@@ -163,12 +231,15 @@ int DropCallPrivileges(const std::string& seccomp) {
 // left in the call's PID namespace.
 [[noreturn]] void CallInit(const CallSpec& c, int status_fd) {
   if (int e = SetUpCallMounts()) FailStart(c.error_fd, StartStep::kMounts, e);
+  int failed = -1;
+  if (int e = MakeRuleMounts(*c.rules, &failed)) FailStart(c.error_fd, StartStep::kRules, e, failed);
   if (int e = c.new_network ? LoopbackUp() : 0) FailStart(c.error_fd, StartStep::kLoopback, e);
   pid_t cmd = ::fork();
   if (cmd < 0) FailStart(c.error_fd, StartStep::kFork, errno);
   if (cmd == 0) {
     ::close(status_fd);
     if (int e = DropCallPrivileges(*c.seccomp)) FailStart(c.error_fd, StartStep::kPrivileges, e);
+    if (int e = c.rules->empty() ? 0 : EnterLandlockDomain()) FailStart(c.error_fd, StartStep::kLandlock, e);
     if (::chdir(c.cwd) != 0) FailStart(c.error_fd, StartStep::kChdir, errno);
     ::environ = c.envp;
     ::execvp(c.argv[0], c.argv);
@@ -221,12 +292,92 @@ int DropCallPrivileges(const std::string& seccomp) {
   ::_exit(128 + sig);
 }
 
+// Resolves `rules` in the agent's namespace into the mounts that put them
+// in force, shallowest first. A deny path that does not exist yet is made
+// (an empty directory, mode 0700), so that nothing can be put there later
+// behind the rule's back; a read-only path must exist. Every ancestor of a
+// protected path (but /) is pinned: a command cannot rename /opt away and
+// put an /opt/harness of its own in its place.
+Result<std::vector<RuleMount>> PlanRuleMounts(const FileRules& rules) {
+  auto resolve = [](const std::string& path, const std::string& what) -> Result<std::string> {
+    char buf[PATH_MAX];
+    if (!::realpath(path.c_str(), buf)) return ErrnoError(errno, StrCat("exec: files.", what, ": ", path));
+    return std::string(buf);
+  };
+  std::vector<RuleMount> protect;
+  for (const std::string& d : rules.deny) {
+    struct stat st;
+    if (::lstat(d.c_str(), &st) != 0) {
+      if (errno != ENOENT) return ErrnoError(errno, "exec: files.deny: " + d);
+      STRATA_RETURN_IF_ERROR(MakeDirs(d, 0700).Annotate("exec: files.deny: make " + d));
+    }
+    STRATA_ASSIGN_OR_RETURN(std::string real, resolve(d, "deny"));
+    if (real == "/") return Error(EINVAL, "exec: files.deny: " + d + " resolves to /");
+    if (::stat(real.c_str(), &st) != 0) return ErrnoError(errno, "exec: files.deny: " + d);
+    protect.push_back({S_ISDIR(st.st_mode) ? RuleMount::kDenyDir : RuleMount::kDenyFile, real});
+  }
+  for (const std::string& r : rules.read_only) {
+    STRATA_ASSIGN_OR_RETURN(std::string real, resolve(r, "read_only"));
+    if (real == "/") return Error(EINVAL, "exec: files.read_only: " + r + " resolves to /");
+    protect.push_back({RuleMount::kReadOnly, real});
+  }
+  // (Links may have resolved one path under another: what lies under a
+  // denied directory is hidden with it, and a read-only mount needs no
+  // pins inside.)
+  auto under = [&](const std::string& path, bool strictly, bool read_only_too) {
+    return std::any_of(protect.begin(), protect.end(), [&](const RuleMount& m) {
+      if (m.kind == RuleMount::kReadOnly && !read_only_too) return false;
+      return PathUnder(path, m.path) && (!strictly || path != m.path);
+    });
+  };
+  std::vector<RuleMount> plan;
+  for (const RuleMount& m : protect) {
+    const bool seen = std::any_of(plan.begin(), plan.end(), [&](const RuleMount& o) { return o.path == m.path; });
+    if (!seen && !under(m.path, true, false)) plan.push_back(m);
+  }
+  std::vector<std::string> pins;
+  for (const RuleMount& m : plan) {
+    for (size_t slash = m.path.find('/', 1); slash != std::string::npos; slash = m.path.find('/', slash + 1)) {
+      std::string ancestor = m.path.substr(0, slash);
+      if (!under(ancestor, false, true)) pins.push_back(ancestor);
+    }
+  }
+  std::sort(pins.begin(), pins.end());
+  pins.erase(std::unique(pins.begin(), pins.end()), pins.end());
+  for (auto& p : pins) plan.push_back({RuleMount::kPin, std::move(p)});
+  auto depth = [](const std::string& p) { return std::count(p.begin(), p.end(), '/'); };
+  std::stable_sort(plan.begin(), plan.end(), [&](const RuleMount& a, const RuleMount& b) {
+    return depth(a.path) != depth(b.path) ? depth(a.path) < depth(b.path) : a.path < b.path;
+  });
+  if (std::any_of(plan.begin(), plan.end(), [](const RuleMount& m) { return m.kind == RuleMount::kDenyFile; }) &&
+      ::access("/dev/null", F_OK) != 0) {
+    return Error(ENOENT, "exec: files.deny: a denied file is hidden behind /dev/null, and the sandbox has none");
+  }
+  return plan;
+}
+
+const char* RuleKindName(RuleMount::Kind kind) {
+  switch (kind) {
+    case RuleMount::kPin: return "pin the parent directory";
+    case RuleMount::kReadOnly: return "make read-only";
+    case RuleMount::kDenyDir: return "hide the directory";
+    case RuleMount::kDenyFile: return "hide the file";
+  }
+  return "mount";
+}
+
+// Whether this kernel has Landlock (the agent answers once).
+bool HaveLandlock() {
+  static const bool have = ::syscall(SYS_landlock_create_ruleset, nullptr, 0, LANDLOCK_CREATE_RULESET_VERSION) >= 1;
+  return have;
+}
+
 }  // namespace
 
 const std::string* Agent::CallSeccomp() {
   std::lock_guard lock(mu_);
   if (call_seccomp_.empty()) {
-    auto bpf = ReadFileToString(std::string(kAgentSocketDir) + "/" + kCallSeccompName);
+    auto bpf = ReadFileToString(std::string(kAgentSocketDir) + "/" + kCommandSeccompName);
     if (!bpf.ok() || bpf->empty() || bpf->size() % sizeof(sock_filter) != 0) return nullptr;
     call_seccomp_ = std::move(*bpf);
   }
@@ -297,9 +448,23 @@ Result<Agent::Started> Agent::Start(const json& req, bool want_stdin) {
   started.argv0 = argv[0];
   const bool isolate = req.value("isolate", false);
   const bool isolate_network = req.value("isolate_network", true);
-  const std::string* call_seccomp = nullptr;
+  FileRules rules;
+  if (req.contains("files")) {
+    STRATA_ASSIGN_OR_RETURN(rules, ParseFileRules(req["files"], "exec: files"));
+  }
+  std::vector<RuleMount> rule_mounts;
+  if (!rules.empty()) {
+    if (!HaveLandlock()) return Error(ENOSYS, "exec: files: this kernel has no Landlock, which file rules need");
+    if (!CallSeccomp()) {
+      return Error(ENOENT, "exec: files: no command seccomp program in " + std::string(kAgentSocketDir) +
+                               " (without it a command could undo the rules)");
+    }
+    STRATA_ASSIGN_OR_RETURN(rule_mounts, PlanRuleMounts(rules));
+  }
+  // Every command runs without the agent's CAP_SYS_ADMIN and under the
+  // default seccomp profile (in a container the launcher always writes it).
+  const std::string* call_seccomp = CallSeccomp();
   if (isolate) {
-    call_seccomp = CallSeccomp();
     if (!call_seccomp) return Error(ENOENT, "call: no seccomp program in " + std::string(kAgentSocketDir));
     for (const char* dir : {"/tmp", "/proc"}) {
       if (::access(dir, F_OK) != 0) return Error(ENOENT, std::string("call: the image has no ") + dir + " to mount the call's own on");
@@ -336,7 +501,19 @@ Result<Agent::Started> Agent::Start(const json& req, bool want_stdin) {
       ::dup2(in_r.get(), 0);
       ::dup2(out_w.get(), 1);
       ::dup2(err_w.get(), 2);
-      if (isolate) RunCall({cargv.data(), cenv.data(), cwd.c_str(), err_pipe_w.get(), isolate_network, call_seccomp});
+      if (isolate) RunCall({cargv.data(), cenv.data(), cwd.c_str(), err_pipe_w.get(), isolate_network, call_seccomp, &rule_mounts});
+      if (!rule_mounts.empty()) {
+        if (::unshare(CLONE_NEWNS) != 0) FailStart(err_pipe_w.get(), StartStep::kNamespaces, errno);
+        if (::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) FailStart(err_pipe_w.get(), StartStep::kMounts, errno);
+        int failed = -1;
+        if (int e = MakeRuleMounts(rule_mounts, &failed)) FailStart(err_pipe_w.get(), StartStep::kRules, e, failed);
+      }
+      if (call_seccomp) {
+        if (int e = DropCallPrivileges(*call_seccomp)) FailStart(err_pipe_w.get(), StartStep::kPrivileges, e);
+      }
+      if (!rule_mounts.empty()) {
+        if (int e = EnterLandlockDomain()) FailStart(err_pipe_w.get(), StartStep::kLandlock, e);
+      }
       if (::chdir(cwd.c_str()) != 0) FailStart(err_pipe_w.get(), StartStep::kChdir, errno);
       ::environ = cenv.data();
       ::execvp(cargv[0], cargv.data());
@@ -359,6 +536,10 @@ Result<Agent::Started> Agent::Start(const json& req, bool want_stdin) {
     std::string where = failed.step == StartStep::kExec ? "exec " + argv[0]
                         : failed.step == StartStep::kChdir ? StrCat("exec ", argv[0], ": working directory ", cwd)
                                                            : StrCat("exec ", argv[0], ": ", StepName(failed.step));
+    if (failed.step == StartStep::kRules && failed.rule >= 0 && static_cast<size_t>(failed.rule) < rule_mounts.size()) {
+      const RuleMount& m = rule_mounts[static_cast<size_t>(failed.rule)];
+      where += StrCat(": ", RuleKindName(m.kind), " ", m.path);
+    }
     return ErrnoError(failed.err, where);
   }
   if (!want_stdin) in_w.reset();
@@ -973,6 +1154,17 @@ Status Agent::Serve(int listen_fd) {
     if (fd < 0) {
       if (errno == EINTR || errno == ECONNABORTED) continue;
       return ErrnoError(errno, "agent: accept");
+    }
+    // Requests come from the node, outside the sandbox's PID namespace
+    // (where the peer's pid reads as 0). A process of the sandbox could
+    // otherwise reach the socket through /.strata/run and ask for what
+    // only the API caller may: an exec without file rules, a shutdown.
+    ucred peer{};
+    socklen_t len = sizeof peer;
+    if (::getpid() == 1 && (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &peer, &len) != 0 || peer.pid != 0)) {
+      SendError(fd, Error(EACCES, "agent: requests come from the node, not from processes in the sandbox")).IgnoreError();
+      ::close(fd);
+      continue;
     }
     std::thread([this, fd] { HandleConnection(UniqueFd(fd)); }).detach();
   }

@@ -147,8 +147,10 @@ Result<json> LauncherClient::SetNetwork(const std::string& id, const json& polic
 Status LauncherClient::Pause(const std::string& id) { return Call("POST", "/v1/sandboxes/" + id + "/pause", "{}").status(); }
 Status LauncherClient::Resume(const std::string& id) { return Call("POST", "/v1/sandboxes/" + id + "/resume", "{}").status(); }
 
-Result<json> LauncherClient::Snapshot(const std::string& id, const std::string& tag) {
-  STRATA_ASSIGN_OR_RETURN(std::string body, Call("POST", "/v1/sandboxes/" + id + "/snapshot", json{{"tag", tag}}.dump()));
+Result<json> LauncherClient::Snapshot(const std::string& id, const std::string& tag, bool include_denied) {
+  json req = {{"tag", tag}};
+  if (include_denied) req["include_denied"] = true;
+  STRATA_ASSIGN_OR_RETURN(std::string body, Call("POST", "/v1/sandboxes/" + id + "/snapshot", req.dump()));
   return ParseJson(body);
 }
 

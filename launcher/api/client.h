@@ -50,7 +50,7 @@ class LauncherClient {
   Result<nlohmann::json> Network(const std::string& id);
   Result<nlohmann::json> SetNetwork(const std::string& id, const nlohmann::json& policy);
   Status Resume(const std::string& id);
-  Result<nlohmann::json> Snapshot(const std::string& id, const std::string& tag);
+  Result<nlohmann::json> Snapshot(const std::string& id, const std::string& tag, bool include_denied = false);
   Status Destroy(const std::string& id);
   Result<nlohmann::json> List();
   Result<nlohmann::json> Info(const std::string& id);

@@ -103,6 +103,9 @@ Result<SandboxSpec> ParseSpec(const json& j) {
     }
     spec.env = j.value("env", std::vector<std::string>{});
     spec.workdir = j.value("workdir", "/");
+    if (j.contains("files")) {
+      STRATA_ASSIGN_OR_RETURN(spec.files, ParseFileRules(j["files"], "create: files"));
+    }
     if (j.contains("ttl") && !j["ttl"].is_null()) {
       if (j["ttl"].is_string()) {
         STRATA_ASSIGN_OR_RETURN(Duration d, ParseDuration(j["ttl"].get<std::string>()));
@@ -144,6 +147,12 @@ Result<ExecRequest> ParseExec(const json& j) {
     if (cap > kMaxOutputCap) return Error(EINVAL, StrCat("exec: output_cap is at most ", kMaxOutputCap, " bytes"));
     r.stdout_cap = r.stderr_cap = cap;
     r.kill_leftovers = j.value("kill_leftovers", false);
+    if (j.contains("files")) {
+      STRATA_ASSIGN_OR_RETURN(r.files, ParseFileRules(j["files"], "exec: files"));
+    }
+    const std::string role = j.value("role", "agent");
+    if (role != "agent" && role != "grader") return Error(EINVAL, "exec: role must be agent or grader, not " + Quote(role));
+    r.grader = role == "grader";
     if (j.contains("stdin")) {
       auto in = Base64Decode(j["stdin"].get<std::string>());
       if (!in) return Error(EINVAL, "exec: stdin is not base64");
@@ -951,7 +960,10 @@ Response LauncherServer::Snapshot(const Request& req, const std::string& id, con
   if (auto reply = ClaimKey(manager_.keys(), req, caller.scope(), body, json::object(), guard, &claim)) return *reply;
   const std::string& key = claim.key;
   if (claim.kind == IdempotencyKeys::Claim::kDone) return Json(claim.answer.body, claim.answer.status);
-  auto r = manager_.Snapshot(id, body["tag"].get<std::string>(), std::move(excludes));
+  if (body.contains("include_denied") && !body["include_denied"].is_boolean()) {
+    return Fail(Error(EINVAL, "snapshot: include_denied must be true or false"));
+  }
+  auto r = manager_.Snapshot(id, body["tag"].get<std::string>(), std::move(excludes), body.value("include_denied", false));
   if (!key.empty()) {
     IdempotencyKeys& keys = guard.Settle();
     if (!r.ok() || !keys.Finish(caller.scope(), key, {201, *r}).ok()) keys.Release(caller.scope(), key);

@@ -82,9 +82,9 @@ json DefaultSeccompProfile() {
   };
 }
 
-json FncallSeccompProfile() {
+json AgentSeccompProfile() {
   json profile = DefaultSeccompProfile();
-  profile["syscalls"].push_back({{"names", {"mount", "umount2", "unshare"}}, {"action", "SCMP_ACT_ALLOW"}});
+  profile["syscalls"].push_back({{"names", {"mount", "mount_setattr", "umount2", "unshare"}}, {"action", "SCMP_ACT_ALLOW"}});
   return profile;
 }
 
@@ -94,10 +94,12 @@ json OciConfig(const ContainerConfig& c) {
   json caps = {"CAP_CHOWN",   "CAP_DAC_OVERRIDE", "CAP_FSETID",     "CAP_FOWNER",     "CAP_MKNOD",
                      "CAP_NET_RAW", "CAP_SETGID",       "CAP_SETUID",     "CAP_SETFCAP",    "CAP_SETPCAP",
                      "CAP_NET_BIND_SERVICE", "CAP_SYS_CHROOT", "CAP_KILL", "CAP_AUDIT_WRITE"};
-  if (c.fncall) {
-    caps.push_back("CAP_SYS_ADMIN");
-    caps.push_back("CAP_NET_ADMIN");
-  }
+  // The agent also holds CAP_SYS_ADMIN (in the container's user namespace)
+  // to give a command the mount namespace its file rules need, and a
+  // function-call agent CAP_NET_ADMIN for each call's network; every
+  // command runs without them, under the default seccomp profile.
+  caps.push_back("CAP_SYS_ADMIN");
+  if (c.fncall) caps.push_back("CAP_NET_ADMIN");
   json masked = json::array(), readonly = json::array();
   if (!c.fncall) {  // a function call's agent applies them to each call's own /proc
     for (const char* p : kMaskedPaths) masked.push_back(p);
@@ -170,7 +172,7 @@ json OciConfig(const ContainerConfig& c) {
            {"namespaces", namespaces},
            {"cgroupsPath", c.cgroup_path},
            {"resources", resources},
-           {"seccomp", c.fncall ? FncallSeccompProfile() : DefaultSeccompProfile()},
+           {"seccomp", AgentSeccompProfile()},
            {"maskedPaths", masked},
            {"readonlyPaths", readonly},
        }},

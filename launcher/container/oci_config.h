@@ -37,10 +37,11 @@ struct ContainerConfig {
   // for those that do not.
   std::string seccomp_bpf_base64;
   // A function-call pool's warm container: the root is read-only, and the
-  // agent keeps CAP_SYS_ADMIN and CAP_NET_ADMIN (in the container's user
-  // namespace) to give each call fresh namespaces, a private /tmp and the
-  // masks below; the call itself runs without them, under the default
-  // seccomp profile (FncallSeccompProfile() is the agent's, a superset).
+  // agent also keeps CAP_NET_ADMIN to give each call fresh namespaces, a
+  // private /tmp and the masks below. (Every agent keeps CAP_SYS_ADMIN in
+  // the container's user namespace, for file rules; commands and calls run
+  // without either, under the default seccomp profile, which the agent's,
+  // AgentSeccompProfile(), extends.)
   bool fncall = false;
 };
 
@@ -53,8 +54,9 @@ inline constexpr const char* kReadonlyPaths[] = {"/proc/bus", "/proc/fs", "/proc
 inline constexpr const char* kAgentPath = "/.strata/agent";
 inline constexpr const char* kAgentSocketDir = "/.strata/run";
 inline constexpr const char* kAgentSocketName = "agent.sock";
-// The seccomp program (raw BPF) a function-call agent loads for each call.
-inline constexpr const char* kCallSeccompName = "call.bpf";
+// The seccomp program (raw BPF, the default profile) the agent loads for
+// each command and call.
+inline constexpr const char* kCommandSeccompName = "command.bpf";
 
 nlohmann::json OciConfig(const ContainerConfig& config);
 
@@ -62,8 +64,8 @@ nlohmann::json OciConfig(const ContainerConfig& config);
 // ordinary programs use (like the Docker/Podman default), with clone limited
 // to non-namespace flags and clone3 answering ENOSYS so libc falls back.
 nlohmann::json DefaultSeccompProfile();
-// The default plus what a function-call agent needs to isolate each call
-// (unshare, mount, umount2).
-nlohmann::json FncallSeccompProfile();
+// The default plus what the agent needs to give a command or a call its
+// own mount namespace (unshare, mount, mount_setattr, umount2).
+nlohmann::json AgentSeccompProfile();
 
 }  // namespace strata::launcher

@@ -207,7 +207,8 @@ Status Sandbox::Start(const SandboxSpec& spec) {
                           {"disk", spec.disk},
                           {"network", spec.network.ToJson()},
                           {"env", spec.env},
-                          {"workdir", spec.workdir}}}};
+                          {"workdir", spec.workdir},
+                          {"files", spec.files.ToJson()}}}};
   STRATA_RETURN_IF_ERROR(WriteFileAtomic(dir_ + "/state.json", state.dump(), false));
 
   // 1. The layer stack, resolved once.
@@ -326,18 +327,19 @@ Status Sandbox::Start(const SandboxSpec& spec) {
   config.fncall = fncall;
   const std::string seccomp_cache = JoinPath(Dirname(node_.run_dir), "seccomp");
   if (Basename(node_.runtime) == "crun") {
-    auto bpf = CompiledSeccompBase64(fncall ? FncallSeccompProfile() : DefaultSeccompProfile(), seccomp_cache);
+    auto bpf = CompiledSeccompBase64(AgentSeccompProfile(), seccomp_cache);
     if (bpf.ok()) config.seccomp_bpf_base64 = std::move(*bpf);
     else STRATA_LOG(kWarn) << "precompile seccomp profile: " << bpf.status().ToString() << "; crun compiles it";
   }
-  if (fncall) {
-    // Each call loads the default profile on top of the agent's (the agent
-    // reads it from its socket directory).
+  {
+    // Each command and call loads the default profile on top of the
+    // agent's (the agent reads it from its socket directory).
     STRATA_ASSIGN_OR_RETURN(std::string bpf64, CompiledSeccompBase64(DefaultSeccompProfile(), seccomp_cache));
     auto bpf = Base64Decode(bpf64);
     if (!bpf) return Error(EINVAL, "seccomp cache: not base64");
-    STRATA_RETURN_IF_ERROR(WriteFileAtomic(dir_ + "/agent/" + kCallSeccompName, *bpf, false));
-    if (::chmod((dir_ + "/agent/" + kCallSeccompName).c_str(), 0644) != 0) return ErrnoError(errno, "chmod call seccomp");
+    const std::string path = dir_ + "/agent/" + kCommandSeccompName;
+    STRATA_RETURN_IF_ERROR(WriteFileAtomic(path, *bpf, false));
+    if (::chmod(path.c_str(), 0644) != 0) return ErrnoError(errno, "chmod " + path);
   }
   STRATA_RETURN_IF_ERROR(WriteFileAtomic(dir_ + "/config.json", OciConfig(config).dump(), false));
   timer.Step("write bundle");
@@ -385,6 +387,7 @@ void Sandbox::FillDefaults(ExecRequest& request) const {
   request.isolate_network = spec_.network.mode == NetMode::kNone;
   if (request.env.empty()) request.env = spec_.env;
   if (request.cwd.empty()) request.cwd = spec_.workdir.empty() ? "/" : spec_.workdir;
+  if (!request.grader) request.files = MergeFileRules(spec_.files, request.files);
 }
 
 Result<ExecResult> Sandbox::Exec(ExecRequest request, const OutputSink& sink) {
@@ -508,6 +511,8 @@ Result<std::unique_ptr<Sandbox>> Sandbox::Adopt(const std::string& id, const Nod
   }
   sb->spec_.env = spec.value("env", std::vector<std::string>{});
   sb->spec_.workdir = spec.value("workdir", std::string("/"));
+  if (auto files = ParseFileRules(spec.value("files", json()), "state files"); files.ok()) sb->spec_.files = std::move(*files);
+  else return files.status().Annotate("adopt sandbox " + id);
   for (const auto& d : state.value("layers", json::array())) {
     if (auto digest = Digest128::FromHex(d.get<std::string>())) sb->held_.push_back(*digest);
   }
@@ -595,7 +600,8 @@ json Sandbox::Info() const {
           {"created", created_},
           {"layers", layers},
           {"limits", {{"cpus", spec_.limits.cpus}, {"memory", spec_.limits.memory}, {"pids", spec_.limits.pids}, {"disk", spec_.disk}}},
-          {"network", NetworkSummary()}};
+          {"network", NetworkSummary()},
+          {"files", spec_.files.ToJson()}};
 }
 
 json Sandbox::NetworkSummary() const {

@@ -57,6 +57,8 @@ struct SandboxSpec {
   // The daemon destroys the sandbox this long after the last call on it
   // (0: never). Kept by the daemon, not the sandbox.
   int64_t ttl_seconds = 0;
+  // What every command but the grader's may not see or change.
+  FileRules files;
 };
 
 class Sandbox {

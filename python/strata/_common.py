@@ -132,7 +132,8 @@ def network_body(network: Union[str, Mapping[str, Any], None], allow: Optional[S
 def create_body(layers: Sequence[str], backend: str, cpus: Optional[float], memory: Union[str, int, None],
                 pids: Optional[int], disk: Union[str, int, None], network: Any,
                 env: Union[Mapping[str, str], Sequence[str], None], workdir: Optional[str], store: Optional[str],
-                ttl: Optional[float], count: Optional[int]) -> Dict[str, Any]:
+                ttl: Optional[float], count: Optional[int], deny: Optional[Sequence[str]] = None,
+                read_only: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     if isinstance(layers, str):
         layers = [layers]
     body: Dict[str, Any] = {"layers": list(layers), "backend": backend}
@@ -142,7 +143,21 @@ def create_body(layers: Sequence[str], backend: str, cpus: Optional[float], memo
             body[k] = v
     if env:
         body["env"] = env_list(env)
+    files = files_body(deny, read_only)
+    if files:
+        body["files"] = files
     return body
+
+
+def files_body(deny: Optional[Sequence[str]], read_only: Optional[Sequence[str]]) -> Optional[Dict[str, List[str]]]:
+    """The API's file rules: paths hidden from commands, paths they may not change."""
+    if isinstance(deny, str):
+        deny = [deny]
+    if isinstance(read_only, str):
+        read_only = [read_only]
+    if not deny and not read_only:
+        return None
+    return {"deny": list(deny or []), "read_only": list(read_only or [])}
 
 
 def env_list(env: Union[Mapping[str, str], Sequence[str], None]) -> List[str]:
@@ -153,7 +168,8 @@ def env_list(env: Union[Mapping[str, str], Sequence[str], None]) -> List[str]:
     return list(env)
 
 
-def exec_body(cmd, timeout, env, cwd, stdin, output_cap, detach, kill_leftovers) -> Dict[str, Any]:
+def exec_body(cmd, timeout, env, cwd, stdin, output_cap, detach, kill_leftovers, deny=None, read_only=None,
+              role=None) -> Dict[str, Any]:
     body: Dict[str, Any] = {"argv": argv_of(cmd)}
     if timeout is not None:
         body["timeout"] = float(timeout)
@@ -171,6 +187,11 @@ def exec_body(cmd, timeout, env, cwd, stdin, output_cap, detach, kill_leftovers)
         body["detach"] = True
     if kill_leftovers:
         body["kill_leftovers"] = True
+    files = files_body(deny, read_only)
+    if files:
+        body["files"] = files
+    if role is not None:
+        body["role"] = role
     return body
 
 

@@ -142,14 +142,15 @@ class AsyncClient:
                network: Union[str, Mapping[str, Any], None] = None, allow: Optional[Sequence[str]] = None,
                env: Union[Mapping[str, str], Sequence[str], None] = None,
                workdir: Optional[str] = None, store: Optional[str] = None, ttl: Optional[float] = None,
-               count: Optional[int] = None) -> Union["AsyncSandbox", List["AsyncSandbox"]]:
+               count: Optional[int] = None, deny: Optional[Sequence[str]] = None,
+               read_only: Optional[Sequence[str]] = None) -> Union["AsyncSandbox", List["AsyncSandbox"]]:
         """Creates a sandbox (a list of ``count`` with ``count``; those that
         failed raise only when none was made). ``ttl``: seconds after the
         last call on it before the node destroys it. ``network``: ``"none"``
         (loopback only, the default), ``"allow"`` with ``allow=[...]``,
         ``"open"`` or ``"host"``."""
         body = c.create_body(layers, backend, cpus, memory, pids, disk, c.network_body(network, allow), env, workdir,
-                             store, ttl, count)
+                             store, ttl, count, deny, read_only)
         answer = await self._json("POST", "/v1/sandboxes", body=body, key=c.new_key())
         if count is None:
             return AsyncSandbox(self, answer)
@@ -198,13 +199,14 @@ class AsyncSandbox:
              env: Union[Mapping[str, str], Sequence[str], None] = None, cwd: Optional[str] = None,
              stdin: Union[bytes, str, None] = None, output_cap: Optional[int] = None, on_stdout: Optional[Output] = None,
              on_stderr: Optional[Output] = None, detach: bool = False,
-             kill_leftovers: bool = False) -> Union[ExecResult, "AsyncProcess"]:
+             kill_leftovers: bool = False, deny: Optional[Sequence[str]] = None,
+             read_only: Optional[Sequence[str]] = None, role: Optional[str] = None) -> Union[ExecResult, "AsyncProcess"]:
         """Runs ``cmd`` (an argv list, or a string for ``/bin/sh -c``) and
         returns how it ended; a timeout gives ``timed_out=True``, not an
         exception. ``on_stdout``/``on_stderr`` get output as it comes.
         ``detach=True`` returns a ``Process`` at once: the command then
         belongs to the sandbox and survives this client and the daemon."""
-        body = c.exec_body(cmd, timeout, env, cwd, stdin, output_cap, detach, kill_leftovers)
+        body = c.exec_body(cmd, timeout, env, cwd, stdin, output_cap, detach, kill_leftovers, deny, read_only, role)
         key = c.new_key()
         if detach:
             answer = await self.client._json("POST", self._path("/exec"), body=body, key=key)
@@ -245,11 +247,14 @@ class AsyncSandbox:
     async def resume(self) -> None:
         await self.client._send("POST", self._path("/resume"), body={})
 
-    async def snapshot(self, tag: str, exclude: Sequence[str] = ()) -> str:
-        """Publishes what the sandbox changed as a diff layer under ``tag``; returns its digest."""
+    async def snapshot(self, tag: str, exclude: Sequence[str] = (), include_denied: bool = False) -> str:
+        """Publishes what the sandbox changed as a diff layer under ``tag``; returns its digest.
+        The sandbox's denied paths are left out unless ``include_denied``."""
         body: Dict[str, Any] = {"tag": tag}
         if exclude:
             body["exclude"] = list(exclude)
+        if include_denied:
+            body["include_denied"] = True
         return (await self.client._json("POST", self._path("/snapshot"), body=body, key=c.new_key(), read_timeout=600))["digest"]
 
     async def keepalive(self) -> Dict[str, Any]:

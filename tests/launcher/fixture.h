@@ -89,6 +89,7 @@ class SandboxTest : public ::testing::Test {
       }
     }
     for (const char* c : kControllers) ::rmdir(StrCat("/sys/fs/cgroup/", c, "/", cgroup_parent_).c_str());
+    ::rmdir((uppers_ + "/.snapshots").c_str());  // (made by the first snapshot; empty once each is packed)
     EXPECT_EQ(::rmdir(uppers_.c_str()), 0) << uppers_ << ": " << std::strerror(errno);
   }
 

@@ -128,6 +128,8 @@ class Node:
             except OSError:
                 pass
         try:
+            if os.path.isdir(os.path.join(self.uppers, ".snapshots")):
+                os.rmdir(os.path.join(self.uppers, ".snapshots"))  # made by the first snapshot
             os.rmdir(self.uppers)
         except OSError as e:
             print(f"uppers directory left: {self.uppers}: {e}", file=sys.stderr)
