@@ -100,8 +100,9 @@ json ExecRequestJson(const ExecRequest& request) {
           {"stdin", request.stdin_data.has_value()},
           {"isolate", request.isolate},
           {"isolate_network", request.isolate_network},
-          {"kill_leftovers", request.kill_leftovers}};
+          {"kill_leftovers", request.kill_leftovers.value_or(false)}};
   if (!request.files.empty()) j["files"] = request.files.ToJson();
+  if (request.grader) j["grader"] = true;
   return j;
 }
 

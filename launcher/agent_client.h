@@ -35,10 +35,11 @@ struct ExecRequest {
   // the exec is abandoned: the agent sees its connection close and kills
   // the command. -1: none.
   int cancel_fd = -1;
-  // Kill what the command leaves behind in its process group once it
-  // exits (default: leftovers keep running; the exec ends 50 ms after the
-  // command while they hold its output pipes).
-  bool kill_leftovers = false;
+  // Kill everything the command started (its whole tree, also what left
+  // its session) once it exits or times out (default: the sandbox's, else
+  // leftovers keep running; the exec ends 50 ms after the command while
+  // they hold its output pipes).
+  std::optional<bool> kill_leftovers;
   // File rules for this command (docs/security.md); the sandbox's own are
   // merged in unless `grader`.
   FileRules files;

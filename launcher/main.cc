@@ -62,7 +62,8 @@ int Report(const ExecResult& r, uint64_t cap, uint64_t memory) {
 json SpecJson(const SandboxSpec& s) {
   return {{"layers", s.layers}, {"store", s.store}, {"backend", s.backend}, {"cpus", s.limits.cpus},
           {"memory", s.limits.memory}, {"pids", s.limits.pids}, {"disk", s.disk},
-          {"network", s.network.ToJson()}, {"env", s.env}, {"workdir", s.workdir}, {"files", s.files.ToJson()}};
+          {"network", s.network.ToJson()}, {"env", s.env}, {"workdir", s.workdir}, {"files", s.files.ToJson()},
+          {"kill_leftovers", s.kill_leftovers}};
 }
 
 json ExecJson(const ExecRequest& r) {
@@ -71,6 +72,7 @@ json ExecJson(const ExecRequest& r) {
   if (r.stdin_data) j["stdin"] = Base64Encode(*r.stdin_data);
   if (!r.files.empty()) j["files"] = r.files.ToJson();
   if (r.grader) j["role"] = "grader";
+  if (r.kill_leftovers) j["kill_leftovers"] = *r.kill_leftovers;
   return j;
 }
 
@@ -203,7 +205,7 @@ int main(int argc, char** argv) {
   ExecRequest request;
   std::vector<std::string> allow, deny, read_only;
   std::string role = "agent";
-  bool include_denied = false;
+  bool include_denied = false, kill_leftovers = false, keep_leftovers = false;
   std::string memory, disk = "10G", timeout, runtime, net, output_cap = "1M", token_file;
   auto env_or = [](const char* name, const char* fallback) { return std::string(std::getenv(name) ? std::getenv(name) : fallback); };
   std::string socket = env_or("STRATA_LAUNCHER_SOCKET", kDefaultLauncherSocket);
@@ -227,6 +229,7 @@ int main(int argc, char** argv) {
     c->add_option("--env", spec.env, "K=V for commands");
     c->add_option("--workdir", spec.workdir, "working directory of commands")->capture_default_str();
     c->add_option("--deny", deny, "PATH no command but the grader's may read, list, write or run (repeatable)");
+    c->add_flag("--kill-leftovers", spec.kill_leftovers, "by default, kill what each command leaves running when it ends");
     c->add_option("--read-only", read_only, "PATH no command but the grader's may change (repeatable)");
     c->add_flag("-v,--verbose", verbose, "print the resolved layer digests and the sandbox id");
   };
@@ -323,6 +326,8 @@ int main(int argc, char** argv) {
   exec->add_flag("-i,--stdin", with_stdin, "pass this process's stdin to the command");
   exec->add_option("--deny", deny, "PATH this command may not read, list, write or run (repeatable)");
   exec->add_option("--read-only", read_only, "PATH this command may not change (repeatable)");
+  exec->add_flag("--kill-leftovers", kill_leftovers, "kill what the command leaves running when it ends (default: the sandbox's)");
+  exec->add_flag("--keep-leftovers", keep_leftovers, "keep it running (the default unless the sandbox says otherwise)");
   exec->add_option("--role", role, "agent, or grader: run without the sandbox's file rules")->capture_default_str();
   exec_flags(exec);
   client_flags(exec);
@@ -457,6 +462,8 @@ int main(int argc, char** argv) {
   }
   if (role != "agent" && role != "grader") return Fail(Error(EINVAL, "--role: agent or grader, not " + Quote(role)));
   request.grader = role == "grader";
+  if (kill_leftovers && keep_leftovers) return Fail(Error(EINVAL, "--kill-leftovers and --keep-leftovers: choose one"));
+  if (kill_leftovers || keep_leftovers) request.kill_leftovers = kill_leftovers;
   spec.limits.cpus = cpus;
   spec.limits.pids = pids;
   if (!memory.empty()) {

@@ -83,7 +83,8 @@ struct CallSpec {
 
 // What failed before a command could run, reported on the error pipe so
 // the launcher's message names the step, not just an errno.
-enum class StartStep : int { kExec, kChdir, kNamespaces, kMounts, kLoopback, kPrivileges, kFork, kRules, kLandlock };
+enum class StartStep : int { kExec, kChdir, kNamespaces, kMounts, kLoopback, kPrivileges, kFork, kRules, kLandlock, kCgroup,
+                             kStarted /* not a failure: a shepherd's command runs, `err` is its pid */ };
 struct StartFailure {
   StartStep step;
   int err;
@@ -101,6 +102,8 @@ const char* StepName(StartStep step) {
     case StartStep::kFork: return "call: fork";
     case StartStep::kRules: return "file rules";
     case StartStep::kLandlock: return "file rules: enter a Landlock domain";
+    case StartStep::kCgroup: return "join the commands' cgroup";
+    case StartStep::kStarted: return "started";
   }
   return "start";
 }
@@ -259,6 +262,22 @@ int DropCallPrivileges(const std::string& seccomp) {
   }
 }
 
+// Ends this process the way `status` (a wait status) says: the same exit
+// code, or the same signal (no core dump).
+[[noreturn]] void ExitAs(int status) {
+  if (WIFEXITED(status)) ::_exit(WEXITSTATUS(status));
+  rlimit no_core{0, 0};
+  ::setrlimit(RLIMIT_CORE, &no_core);
+  const int sig = WTERMSIG(status);
+  ::signal(sig, SIG_DFL);
+  sigset_t only;
+  sigemptyset(&only);
+  sigaddset(&only, sig);
+  ::sigprocmask(SIG_UNBLOCK, &only, nullptr);
+  ::kill(::getpid(), sig);
+  ::_exit(128 + sig);
+}
+
 // The agent's child for a call: new namespaces, then the call's init; ends
 // the way the command ended, so the agent sees its exit code or signal.
 [[noreturn]] void RunCall(const CallSpec& c) {
@@ -274,22 +293,92 @@ int DropCallPrivileges(const std::string& seccomp) {
   }
   ::close(status_pipe[1]);
   ::close(c.error_fd);
-  rlimit no_core{0, 0};
-  ::setrlimit(RLIMIT_CORE, &no_core);  // relaying a SIGSEGV must not dump this process
   int init_status = 0;
   while (::waitpid(init, &init_status, 0) < 0 && errno == EINTR) {
   }
   int status = 0;
   if (::read(status_pipe[0], &status, sizeof status) != sizeof status) status = init_status;  // init itself was killed
-  if (WIFEXITED(status)) ::_exit(WEXITSTATUS(status));
-  const int sig = WTERMSIG(status);
-  ::signal(sig, SIG_DFL);
-  sigset_t only;
-  sigemptyset(&only);
-  sigaddset(&only, sig);
-  ::sigprocmask(SIG_UNBLOCK, &only, nullptr);
-  ::kill(::getpid(), sig);
-  ::_exit(128 + sig);
+  ExitAs(status);
+}
+
+// Kills every process below this one (a subreaper: orphans of the killed
+// come to it, so it sees the whole tree) and reaps them, until none is left.
+void KillDescendants() {
+  char path[64] = "/proc/self/task/";
+  char digits[16];
+  int n = 0;
+  for (long tid = ::syscall(SYS_gettid); tid > 0; tid /= 10) digits[n++] = static_cast<char>('0' + tid % 10);
+  size_t len = std::strlen(path);
+  while (n > 0) path[len++] = digits[--n];
+  std::memcpy(path + len, "/children", 10);
+  for (int round = 0; round < 20000; ++round) {  // (20 s at most, for processes stuck in the kernel)
+    char buf[4096];
+    ssize_t got = 0;
+    int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+      got = ::read(fd, buf, sizeof buf - 1);
+      ::close(fd);
+    }
+    pid_t pid = 0;
+    for (ssize_t i = 0; i < std::max<ssize_t>(got, 0); ++i) {
+      if (buf[i] >= '0' && buf[i] <= '9') {
+        pid = pid * 10 + (buf[i] - '0');
+      } else if (pid > 0) {
+        ::kill(pid, SIGKILL);
+        pid = 0;
+      }
+    }
+    if (pid > 0) ::kill(pid, SIGKILL);
+    while (::waitpid(-1, nullptr, WNOHANG) > 0) {
+    }
+    if (::waitpid(-1, nullptr, WNOHANG) < 0 && errno == ECHILD) return;
+    timespec pause{0, 1000000};
+    ::nanosleep(&pause, nullptr);
+  }
+}
+
+// A command with "kill_leftovers": this process stays as its parent and a
+// subreaper, so everything the command starts, also what leaves its session
+// (setsid, a daemon's double fork), stays below it; when the command ends
+// it kills all of that and exits the way the command did. The command
+// runs in a process group of its own, which the agent signals (timeouts,
+// signal requests), so this process outlives a group SIGKILL to clean up.
+[[noreturn]] void Shepherd(char** argv, char** envp, int error_fd) {
+  ::prctl(PR_SET_CHILD_SUBREAPER, 1);
+  int ready[2];
+  if (::pipe2(ready, O_CLOEXEC) != 0) FailStart(error_fd, StartStep::kFork, errno);
+  pid_t cmd = ::fork();
+  if (cmd < 0) FailStart(error_fd, StartStep::kFork, errno);
+  if (cmd == 0) {
+    ::close(ready[0]);
+    ::setpgid(0, 0);
+    ::environ = envp;
+    ::execvp(argv[0], argv);
+    int e = errno;
+    ssize_t w = ::write(ready[1], &e, sizeof e);
+    (void)w;
+    ::_exit(127);
+  }
+  ::close(ready[1]);
+  int e = 0;
+  if (::read(ready[0], &e, sizeof e) == sizeof e) {
+    ::waitpid(cmd, nullptr, 0);
+    FailStart(error_fd, StartStep::kExec, e);
+  }
+  ::close(ready[0]);
+  StartFailure started{StartStep::kStarted, cmd, -1};
+  ssize_t w = ::write(error_fd, &started, sizeof started);
+  (void)w;
+  ::close(error_fd);
+  for (int fd = 0; fd <= 2; ++fd) ::close(fd);  // the pipes end with the command's tree
+  for (int s = 1; s < NSIG; ++s) {
+    if (s != SIGKILL && s != SIGSTOP && s != SIGCHLD) ::signal(s, SIG_IGN);  // (a kill -TERM -1 from inside)
+  }
+  int status = 0;
+  while (::waitpid(cmd, &status, 0) < 0 && errno == EINTR) {
+  }
+  KillDescendants();
+  ExitAs(status);
 }
 
 // Resolves `rules` in the agent's namespace into the mounts that put them
@@ -427,6 +516,7 @@ struct Agent::Started {
   uint64_t caps[2] = {0, 0};
   bool kill_leftovers = false;
   std::string argv0;
+  pid_t group = -1;  // the process group signals go to: pid's, or a shepherd's command's
 };
 
 Result<Agent::Started> Agent::Start(const json& req, bool want_stdin) {
@@ -448,6 +538,10 @@ Result<Agent::Started> Agent::Start(const json& req, bool want_stdin) {
   started.argv0 = argv[0];
   const bool isolate = req.value("isolate", false);
   const bool isolate_network = req.value("isolate_network", true);
+  // The grader's exec stays in the sandbox's cgroup, in the reserve no
+  // command can take.
+  const std::vector<int> no_cgroups;
+  const std::vector<int>& cgroups = req.value("grader", false) ? no_cgroups : command_cgroups_;
   FileRules rules;
   if (req.contains("files")) {
     STRATA_ASSIGN_OR_RETURN(rules, ParseFileRules(req["files"], "exec: files"));
@@ -498,6 +592,9 @@ Result<Agent::Started> Agent::Start(const json& req, bool want_stdin) {
       sigemptyset(&none);
       ::sigprocmask(SIG_SETMASK, &none, nullptr);
       ::signal(SIGPIPE, SIG_DFL);  // the agent ignores it; a command gets the usual default
+      for (int fd : cgroups) {
+        if (::write(fd, "0", 1) != 1) FailStart(err_pipe_w.get(), StartStep::kCgroup, errno);
+      }
       ::dup2(in_r.get(), 0);
       ::dup2(out_w.get(), 1);
       ::dup2(err_w.get(), 2);
@@ -515,6 +612,7 @@ Result<Agent::Started> Agent::Start(const json& req, bool want_stdin) {
         if (int e = EnterLandlockDomain()) FailStart(err_pipe_w.get(), StartStep::kLandlock, e);
       }
       if (::chdir(cwd.c_str()) != 0) FailStart(err_pipe_w.get(), StartStep::kChdir, errno);
+      if (started.kill_leftovers) Shepherd(cargv.data(), cenv.data(), err_pipe_w.get());
       ::environ = cenv.data();
       ::execvp(cargv[0], cargv.data());
       FailStart(err_pipe_w.get(), StartStep::kExec, errno);
@@ -531,7 +629,11 @@ Result<Agent::Started> Agent::Start(const json& req, bool want_stdin) {
   in_r.reset();
   err_pipe_w.reset();
   StartFailure failed{};
-  if (::read(err_pipe_r.get(), &failed, sizeof failed) == sizeof failed) {
+  started.group = pid;
+  const bool reported = ::read(err_pipe_r.get(), &failed, sizeof failed) == sizeof failed;
+  if (reported && failed.step == StartStep::kStarted) {
+    started.group = failed.err;  // a shepherd's command, in a group of its own
+  } else if (reported) {
     WaitChild(pid);
     std::string where = failed.step == StartStep::kExec ? "exec " + argv[0]
                         : failed.step == StartStep::kChdir ? StrCat("exec ", argv[0], ": working directory ", cwd)
@@ -583,7 +685,7 @@ json Agent::Pump(Started& c, int conn, const std::function<bool(int, std::string
       auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count();
       if (left <= 0) {
         timed_out = true;
-        ::kill(-pid, SIGKILL);
+        ::kill(-c.group, SIGKILL);
       } else {
         wait_ms = static_cast<int>(std::min<int64_t>(left, 100));
       }
@@ -598,7 +700,7 @@ json Agent::Pump(Started& c, int conn, const std::function<bool(int, std::string
         std::string payload;
         if (!ReadFrame(conn, &type, &payload).ok()) {
           conn_open = false;  // the launcher went away: nobody wants the result
-          ::kill(-pid, SIGKILL);
+          ::kill(-c.group, SIGKILL);
           continue;
         }
         if (type == Frame::kStdin && in_w) {
@@ -608,7 +710,7 @@ json Agent::Pump(Started& c, int conn, const std::function<bool(int, std::string
           in_w.reset();  // (a piece still pending is dropped: the launcher sends EOF last)
         } else if (type == Frame::kSignal) {
           auto j = ParseJson(payload);
-          if (j.ok()) ::kill(-pid, j->value("signal", SIGTERM));
+          if (j.ok()) ::kill(-c.group, j->value("signal", SIGTERM));
         }
         continue;
       }
@@ -642,7 +744,7 @@ json Agent::Pump(Started& c, int conn, const std::function<bool(int, std::string
         children_.erase(pid);
         quiet_since = std::chrono::steady_clock::now();
         // Asked for: what the command left behind in its process group goes with it.
-        if (c.kill_leftovers) ::kill(-pid, SIGKILL);
+        if (c.kill_leftovers) ::kill(-c.group, SIGKILL);
       }
     }
     if (exited) {
@@ -652,7 +754,7 @@ json Agent::Pump(Started& c, int conn, const std::function<bool(int, std::string
     }
   }
   if (!exited) wait_status = WaitChild(pid);
-  if (timed_out || c.kill_leftovers) ::kill(-pid, SIGKILL);  // stragglers of the group
+  if (timed_out || c.kill_leftovers) ::kill(-c.group, SIGKILL);  // stragglers of the group
   json result = {
       {"exit_code", WIFEXITED(wait_status) ? WEXITSTATUS(wait_status) : -1},
       {"signal", WIFSIGNALED(wait_status) ? WTERMSIG(wait_status) : 0},
@@ -731,7 +833,7 @@ Status Agent::StartDetached(int conn, const json& req) {
   }
   {
     std::lock_guard lock(d->mu);
-    d->pid = started->pid;
+    d->pid = started->group;
   }
   // The pump runs on its own thread; stdin, if any, is written by another
   // so a command that fills its output first never stalls on it.

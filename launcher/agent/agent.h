@@ -13,6 +13,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -23,6 +24,10 @@ namespace strata::launcher {
 
 class Agent {
  public:
+  // `command_cgroups`: descriptors of cgroup.procs files every command but
+  // the grader's joins before it runs (the sandbox's cgroup keeps a
+  // reserve for the agent and the grader); empty: commands stay in ours.
+  explicit Agent(std::vector<int> command_cgroups = {}) : command_cgroups_(std::move(command_cgroups)) {}
   // Serves connections on `listen_fd` until a shutdown request (then it
   // kills every process it can see and returns).
   Status Serve(int listen_fd);
@@ -81,6 +86,7 @@ class Agent {
   uint64_t spawned_ = 0;           // children started so far (wakes the reaper)
   bool shutting_down_ = false;
   std::string call_seccomp_;
+  std::vector<int> command_cgroups_;
   std::mutex detached_mu_;
   std::map<std::string, std::shared_ptr<Detached>> detached_;
   uint64_t detached_seq_ = 0;

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "launcher/agent/agent.h"
 
@@ -31,11 +32,18 @@ int main(int argc, char**) {
     return 1;
   }
   ::fcntl(kListenFd, F_SETFD, FD_CLOEXEC);  // commands must not inherit it
+  // Any further descriptors are the commands' cgroup.procs files (one per
+  // hierarchy): each command moves itself there before it runs.
+  std::vector<int> command_cgroups;
+  for (int fd = kListenFd + 1; fd < kListenFd + 16 && ::fcntl(fd, F_GETFD) >= 0; ++fd) {
+    ::fcntl(fd, F_SETFD, FD_CLOEXEC);
+    command_cgroups.push_back(fd);
+  }
   // Signals: the reaper thread takes children; the launcher ends us with a
   // shutdown request (PID 1 ignores signals it has no handler for).
   ::signal(SIGPIPE, SIG_IGN);
   ::prctl(PR_SET_CHILD_SUBREAPER, 1);  // also when not PID 1 (tests)
-  strata::launcher::Agent agent;
+  strata::launcher::Agent agent(std::move(command_cgroups));
   std::thread([&agent] { agent.ReapLoop(); }).detach();
   strata::Status s = agent.Serve(kListenFd);
   std::fprintf(stderr, "strata-agent: %s\n", s.ToString().c_str());

@@ -106,6 +106,7 @@ Result<SandboxSpec> ParseSpec(const json& j) {
     if (j.contains("files")) {
       STRATA_ASSIGN_OR_RETURN(spec.files, ParseFileRules(j["files"], "create: files"));
     }
+    spec.kill_leftovers = j.value("kill_leftovers", false);
     if (j.contains("ttl") && !j["ttl"].is_null()) {
       if (j["ttl"].is_string()) {
         STRATA_ASSIGN_OR_RETURN(Duration d, ParseDuration(j["ttl"].get<std::string>()));
@@ -146,7 +147,7 @@ Result<ExecRequest> ParseExec(const json& j) {
     uint64_t cap = j.value("output_cap", uint64_t{1} << 20);
     if (cap > kMaxOutputCap) return Error(EINVAL, StrCat("exec: output_cap is at most ", kMaxOutputCap, " bytes"));
     r.stdout_cap = r.stderr_cap = cap;
-    r.kill_leftovers = j.value("kill_leftovers", false);
+    if (j.contains("kill_leftovers") && !j["kill_leftovers"].is_null()) r.kill_leftovers = j["kill_leftovers"].get<bool>();
     if (j.contains("files")) {
       STRATA_ASSIGN_OR_RETURN(r.files, ParseFileRules(j["files"], "exec: files"));
     }

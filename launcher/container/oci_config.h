@@ -13,6 +13,12 @@
 
 namespace strata::launcher {
 
+// What the agent keeps beyond the caller's limits, in the sandbox's cgroup
+// (its threads, and the grader's execs): the commands' own cgroup below it
+// has the caller's limits, so no command can take this.
+inline constexpr int64_t kAgentReservePids = 128;
+inline constexpr uint64_t kAgentReserveMemory = uint64_t{64} << 20;
+
 struct ContainerLimits {
   double cpus = 0;          // CPU quota in cores; 0: none. Shares follow it (oversold CPU)
   uint64_t memory = 0;      // bytes; 0: none (swap is never allowed beyond it)

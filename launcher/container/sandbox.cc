@@ -62,14 +62,22 @@ Status CheckTraversable(const std::string& dir, uid_t uid) {
   return OkStatus();
 }
 
+// The hierarchies (cgroup v1) in which the commands get a cgroup of their
+// own below the sandbox's, with the limits the caller asked for; the
+// sandbox's has those plus the agent's reserve (docs/security.md).
+const char* const kCommandControllers[] = {"pids", "memory", "cpu"};
+constexpr const char* kCommandCgroup = "commands";
+
 const char* const kControllers[] = {"memory", "cpu", "cpuacct", "cpuset", "pids", "devices", "freezer", "blkio",
                                     "hugetlb", "systemd", "unified", "net_cls", "net_prio", "perf_event", "rdma", "misc"};
 
 // Removes the sandbox's cgroups in every hierarchy (the runtime normally
 // has): whatever still runs inside is a leftover of this sandbox and is
-// killed first; a cgroup stays busy until its last process is reaped.
+// killed first; a cgroup stays busy until its last process is reaped. The
+// commands' cgroup goes before the sandbox's.
 void RemoveCgroups(const std::string& relative) {
   std::vector<std::string> dirs;
+  for (const char* c : kCommandControllers) dirs.push_back(StrCat("/sys/fs/cgroup/", c, "/", relative, "/", kCommandCgroup));
   for (const char* c : kControllers) dirs.push_back(StrCat("/sys/fs/cgroup/", c, "/", relative));
   if (::access("/sys/fs/cgroup/cgroup.controllers", F_OK) == 0) dirs.push_back("/sys/fs/cgroup/" + relative);  // pure v2
   for (const auto& dir : dirs) {
@@ -208,7 +216,8 @@ Status Sandbox::Start(const SandboxSpec& spec) {
                           {"network", spec.network.ToJson()},
                           {"env", spec.env},
                           {"workdir", spec.workdir},
-                          {"files", spec.files.ToJson()}}}};
+                          {"files", spec.files.ToJson()},
+                          {"kill_leftovers", spec.kill_leftovers}}}};
   STRATA_RETURN_IF_ERROR(WriteFileAtomic(dir_ + "/state.json", state.dump(), false));
 
   // 1. The layer stack, resolved once.
@@ -314,7 +323,35 @@ Status Sandbox::Start(const SandboxSpec& spec) {
   config.rootfs = rootfs_;
   config.hostname = id_;
   config.idmap = node_.idmap;
+  // The sandbox's cgroup holds the agent and the grader's execs too: its
+  // limits are the caller's plus their reserve; the commands' own cgroup
+  // below it (made here, before the runtime) gets the caller's.
   config.limits = spec.limits;
+  if (config.limits.pids > 0) config.limits.pids += kAgentReservePids;
+  if (config.limits.memory > 0) config.limits.memory += kAgentReserveMemory;
+  std::vector<UniqueFd> command_cgroups;
+  if (::access("/sys/fs/cgroup/pids/cgroup.procs", F_OK) == 0) {  // (v1 hierarchies; on pure v2 commands share the sandbox's)
+    for (const char* c : kCommandControllers) {
+      const std::string dir = StrCat("/sys/fs/cgroup/", c, "/", node_.cgroup_parent, "/", id_, "/", kCommandCgroup);
+      STRATA_RETURN_IF_ERROR(MakeDirs(dir, 0755).Annotate("commands' cgroup"));
+      std::vector<std::pair<std::string, std::string>> limits;
+      if (std::string(c) == "pids" && spec.limits.pids > 0) limits.push_back({"pids.max", StrCat(spec.limits.pids)});
+      if (std::string(c) == "memory" && spec.limits.memory > 0) {
+        limits.push_back({"memory.limit_in_bytes", StrCat(spec.limits.memory)});
+        if (::access((dir + "/memory.memsw.limit_in_bytes").c_str(), F_OK) == 0) {
+          limits.push_back({"memory.memsw.limit_in_bytes", StrCat(spec.limits.memory)});
+        }
+      }
+      for (const auto& [file, value] : limits) {
+        UniqueFd f(::open((dir + "/" + file).c_str(), O_WRONLY | O_CLOEXEC));
+        if (!f) return ErrnoError(errno, "commands' cgroup: open " + dir + "/" + file);
+        STRATA_RETURN_IF_ERROR(WriteFull(f.get(), value).Annotate("commands' cgroup: write " + dir + "/" + file));
+      }
+      UniqueFd procs(::open((dir + "/cgroup.procs").c_str(), O_WRONLY | O_CLOEXEC));
+      if (!procs) return ErrnoError(errno, "open " + dir + "/cgroup.procs");
+      command_cgroups.push_back(std::move(procs));
+    }
+  }
   config.host_network = spec.network.mode == NetMode::kHost;
   config.cgroup_path = "/" + node_.cgroup_parent + "/" + id_;
   config.agent_binary = node_.agent_binary;
@@ -350,15 +387,20 @@ Status Sandbox::Start(const SandboxSpec& spec) {
   //    can connect at once: no watching for the socket to appear.
   const std::string socket_path = dir_ + "/agent/" + kAgentSocketName;
   STRATA_ASSIGN_OR_RETURN(UniqueFd listener, ListenUnix(socket_path, 0600));
-  std::vector<std::string> run = {node_.runtime, "run", "--preserve-fds", "1", "--bundle", dir_, id_};
+  // Descriptor 3 is the socket; 4 and on, the commands' cgroup.procs files
+  // (the agent moves each command there before it runs).
+  std::vector<int> pass = {listener.get()};
+  for (const auto& fd : command_cgroups) pass.push_back(fd.get());
+  std::vector<std::string> run = {node_.runtime, "run", "--preserve-fds", StrCat(pass.size()), "--bundle", dir_, id_};
   if (node_.managed) run.insert(run.begin() + 2, "--detach");  // returns once the agent runs
   STRATA_ASSIGN_OR_RETURN(Subprocess runtime, Subprocess::Start({.argv = run,
                                                                  .stdout_mode = StdStream::kNull,
                                                                  .stderr_mode = StdStream::kFile,
                                                                  .stderr_file = dir_ + "/runtime.log",
-                                                                 .pass_fds = {listener.get()}}));
+                                                                 .pass_fds = pass}));
   runtime_.emplace(std::move(runtime));
-  listener.reset();  // the runtime and then the agent hold it; if they die, a connection fails
+  listener.reset();
+  command_cgroups.clear();  // the runtime and then the agent hold it; if they die, a connection fails
   agent_ = std::make_unique<AgentClient>(socket_path);
   Status ready = agent_->WaitReady(std::chrono::seconds(30));
   if (!ready.ok()) {
@@ -388,6 +430,7 @@ void Sandbox::FillDefaults(ExecRequest& request) const {
   if (request.env.empty()) request.env = spec_.env;
   if (request.cwd.empty()) request.cwd = spec_.workdir.empty() ? "/" : spec_.workdir;
   if (!request.grader) request.files = MergeFileRules(spec_.files, request.files);
+  if (!request.kill_leftovers) request.kill_leftovers = spec_.kill_leftovers;
 }
 
 Result<ExecResult> Sandbox::Exec(ExecRequest request, const OutputSink& sink) {
@@ -400,7 +443,8 @@ std::string Sandbox::CgroupDir(const std::string& controller) const {
 }
 
 bool Sandbox::OomKilled() const {
-  for (const auto& [file, key] : {std::pair{CgroupDir("memory") + "/memory.oom_control", "oom_kill"},
+  for (const auto& [file, key] : {std::pair{CgroupDir("memory") + "/" + kCommandCgroup + "/memory.oom_control", "oom_kill"},
+                                  std::pair{CgroupDir("memory") + "/memory.oom_control", "oom_kill"},
                                   std::pair{StrCat("/sys/fs/cgroup/", node_.cgroup_parent, "/", id_, "/memory.events"), "oom_kill"}}) {
     std::ifstream in(file);
     std::string name;
@@ -513,6 +557,7 @@ Result<std::unique_ptr<Sandbox>> Sandbox::Adopt(const std::string& id, const Nod
   sb->spec_.workdir = spec.value("workdir", std::string("/"));
   if (auto files = ParseFileRules(spec.value("files", json()), "state files"); files.ok()) sb->spec_.files = std::move(*files);
   else return files.status().Annotate("adopt sandbox " + id);
+  sb->spec_.kill_leftovers = spec.value("kill_leftovers", false);
   for (const auto& d : state.value("layers", json::array())) {
     if (auto digest = Digest128::FromHex(d.get<std::string>())) sb->held_.push_back(*digest);
   }
@@ -601,7 +646,8 @@ json Sandbox::Info() const {
           {"layers", layers},
           {"limits", {{"cpus", spec_.limits.cpus}, {"memory", spec_.limits.memory}, {"pids", spec_.limits.pids}, {"disk", spec_.disk}}},
           {"network", NetworkSummary()},
-          {"files", spec_.files.ToJson()}};
+          {"files", spec_.files.ToJson()},
+          {"kill_leftovers", spec_.kill_leftovers}};
 }
 
 json Sandbox::NetworkSummary() const {

@@ -59,6 +59,8 @@ struct SandboxSpec {
   int64_t ttl_seconds = 0;
   // What every command but the grader's may not see or change.
   FileRules files;
+  // The default of its execs' kill_leftovers.
+  bool kill_leftovers = false;
 };
 
 class Sandbox {

@@ -133,7 +133,7 @@ def create_body(layers: Sequence[str], backend: str, cpus: Optional[float], memo
                 pids: Optional[int], disk: Union[str, int, None], network: Any,
                 env: Union[Mapping[str, str], Sequence[str], None], workdir: Optional[str], store: Optional[str],
                 ttl: Optional[float], count: Optional[int], deny: Optional[Sequence[str]] = None,
-                read_only: Optional[Sequence[str]] = None) -> Dict[str, Any]:
+                read_only: Optional[Sequence[str]] = None, kill_leftovers: Optional[bool] = None) -> Dict[str, Any]:
     if isinstance(layers, str):
         layers = [layers]
     body: Dict[str, Any] = {"layers": list(layers), "backend": backend}
@@ -146,6 +146,8 @@ def create_body(layers: Sequence[str], backend: str, cpus: Optional[float], memo
     files = files_body(deny, read_only)
     if files:
         body["files"] = files
+    if kill_leftovers is not None:
+        body["kill_leftovers"] = bool(kill_leftovers)
     return body
 
 
@@ -185,8 +187,8 @@ def exec_body(cmd, timeout, env, cwd, stdin, output_cap, detach, kill_leftovers,
         body["output_cap"] = int(output_cap)
     if detach:
         body["detach"] = True
-    if kill_leftovers:
-        body["kill_leftovers"] = True
+    if kill_leftovers is not None:
+        body["kill_leftovers"] = bool(kill_leftovers)
     files = files_body(deny, read_only)
     if files:
         body["files"] = files

@@ -143,14 +143,14 @@ class AsyncClient:
                env: Union[Mapping[str, str], Sequence[str], None] = None,
                workdir: Optional[str] = None, store: Optional[str] = None, ttl: Optional[float] = None,
                count: Optional[int] = None, deny: Optional[Sequence[str]] = None,
-               read_only: Optional[Sequence[str]] = None) -> Union["AsyncSandbox", List["AsyncSandbox"]]:
+               read_only: Optional[Sequence[str]] = None, kill_leftovers: Optional[bool] = None) -> Union["AsyncSandbox", List["AsyncSandbox"]]:
         """Creates a sandbox (a list of ``count`` with ``count``; those that
         failed raise only when none was made). ``ttl``: seconds after the
         last call on it before the node destroys it. ``network``: ``"none"``
         (loopback only, the default), ``"allow"`` with ``allow=[...]``,
         ``"open"`` or ``"host"``."""
         body = c.create_body(layers, backend, cpus, memory, pids, disk, c.network_body(network, allow), env, workdir,
-                             store, ttl, count, deny, read_only)
+                             store, ttl, count, deny, read_only, kill_leftovers)
         answer = await self._json("POST", "/v1/sandboxes", body=body, key=c.new_key())
         if count is None:
             return AsyncSandbox(self, answer)
@@ -199,7 +199,7 @@ class AsyncSandbox:
              env: Union[Mapping[str, str], Sequence[str], None] = None, cwd: Optional[str] = None,
              stdin: Union[bytes, str, None] = None, output_cap: Optional[int] = None, on_stdout: Optional[Output] = None,
              on_stderr: Optional[Output] = None, detach: bool = False,
-             kill_leftovers: bool = False, deny: Optional[Sequence[str]] = None,
+             kill_leftovers: Optional[bool] = None, deny: Optional[Sequence[str]] = None,
              read_only: Optional[Sequence[str]] = None, role: Optional[str] = None) -> Union[ExecResult, "AsyncProcess"]:
         """Runs ``cmd`` (an argv list, or a string for ``/bin/sh -c``) and
         returns how it ended; a timeout gives ``timed_out=True``, not an

@@ -124,14 +124,14 @@ class Client:
                env: Union[Mapping[str, str], Sequence[str], None] = None,
                workdir: Optional[str] = None, store: Optional[str] = None, ttl: Optional[float] = None,
                count: Optional[int] = None, deny: Optional[Sequence[str]] = None,
-               read_only: Optional[Sequence[str]] = None) -> Union["Sandbox", List["Sandbox"]]:
+               read_only: Optional[Sequence[str]] = None, kill_leftovers: Optional[bool] = None) -> Union["Sandbox", List["Sandbox"]]:
         """Creates a sandbox (a list of ``count`` with ``count``; those that
         failed raise only when none was made). ``ttl``: seconds after the
         last call on it before the node destroys it. ``network``: ``"none"``
         (loopback only, the default), ``"allow"`` with ``allow=[...]``,
         ``"open"`` or ``"host"``."""
         body = c.create_body(layers, backend, cpus, memory, pids, disk, c.network_body(network, allow), env, workdir,
-                             store, ttl, count, deny, read_only)
+                             store, ttl, count, deny, read_only, kill_leftovers)
         answer = self._json("POST", "/v1/sandboxes", body=body, key=c.new_key())
         if count is None:
             return Sandbox(self, answer)
@@ -180,7 +180,7 @@ class Sandbox:
              env: Union[Mapping[str, str], Sequence[str], None] = None, cwd: Optional[str] = None,
              stdin: Union[bytes, str, None] = None, output_cap: Optional[int] = None, on_stdout: Optional[Output] = None,
              on_stderr: Optional[Output] = None, detach: bool = False,
-             kill_leftovers: bool = False, deny: Optional[Sequence[str]] = None,
+             kill_leftovers: Optional[bool] = None, deny: Optional[Sequence[str]] = None,
              read_only: Optional[Sequence[str]] = None, role: Optional[str] = None) -> Union[ExecResult, "Process"]:
         """Runs ``cmd`` (an argv list, or a string for ``/bin/sh -c``) and
         returns how it ended; a timeout gives ``timed_out=True``, not an

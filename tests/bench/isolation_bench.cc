@@ -74,7 +74,7 @@ static int Body(int argc, char** argv) {
   const std::string bomber = Check(client.Create(bomb_spec))["id"];
   std::thread bomb([&] {
     // Until the sandbox is destroyed: the exec ends with it.
-    client.Exec(bomber, {{"argv", {"sh", "-c", "b() { b | b & }; b; sleep 1000"}}}, [](int, std::string_view) {}).status().IgnoreError();
+    client.Exec(bomber, {{"argv", {"sh", "-c", "while :; do sleep 1000 & done"}}}, [](int, std::string_view) {}).status().IgnoreError();
   });
   ::sleep(2);
   Figures beside_bomb = measure_exec(quiet, true_cmd);

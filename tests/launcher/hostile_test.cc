@@ -1,0 +1,137 @@
+// System tests of a sandbox whose agent misbehaves on purpose: a fork
+// bomb, a memory hog, signals to PID 1 and to everything, zombies by the
+// thousand. Afterwards exec, cp, the grader's exec, snapshot and destroy
+// must still work, and nothing may leak.
+#include <fstream>
+
+#include "common/fs.h"
+#include "tests/launcher/fixture.h"
+
+namespace strata::launcher {
+namespace {
+
+using nlohmann::json;
+
+class HostileTest : public DaemonFixture {
+ protected:
+  SubprocessResult Sh(const std::string& id, const std::string& script, std::vector<std::string> flags = {}) {
+    std::vector<std::string> args = {"exec", id};
+    args.insert(args.end(), flags.begin(), flags.end());
+    args.insert(args.end(), {"--", "sh", "-c", script});
+    auto r = Cli(args);
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    return r.ok() ? *r : SubprocessResult{};
+  }
+  int64_t CgroupValue(const std::string& controller, const std::string& id, const std::string& file) {
+    std::ifstream in(StrCat("/sys/fs/cgroup/", controller, "/", cgroup_parent_, "/", id, "/", file));
+    int64_t v = -1;
+    in >> v;
+    return v;
+  }
+  // What the trainer needs from a sandbox, whatever its agent did.
+  void ExpectControllable(const std::string& id, const std::string& what) {
+    auto exec = Sh(id, "echo alive");
+    EXPECT_EQ(exec.out, "alive\n") << what << ": " << exec.err;
+    auto grader = Sh(id, "echo grader; ls /grader | wc -l", {"--role", "grader"});
+    EXPECT_EQ(grader.out, "grader\n0\n") << what << ": " << grader.err;
+    ASSERT_OK(WriteFileAtomic(dir_.Sub("probe"), "probe\n"));
+    auto put = Cli({"cp", dir_.Sub("probe"), id + ":/tmp/probe"});
+    ASSERT_TRUE(put.ok());
+    EXPECT_EQ(put->exit_code, 0) << what << ": " << put->err;
+    auto get = Cli({"cp", id + ":/tmp/probe", dir_.Sub("probe.back")});
+    ASSERT_TRUE(get.ok());
+    EXPECT_EQ(get->exit_code, 0) << what << ": " << get->err;
+  }
+};
+
+TEST_F(HostileTest, ForkBombsMemoryHogsAndSignalsLeaveTheSandboxControllable) {
+  StartDaemon();
+  const std::string id = Create({"--pids", "64", "--memory", "64M", "--deny", "/grader"});
+  ASSERT_FALSE(id.empty());
+  // The commands' cgroup has the caller's limits, the sandbox's the reserve on top.
+  EXPECT_EQ(CgroupValue("pids", id, "commands/pids.max"), 64);
+  EXPECT_EQ(CgroupValue("pids", id, "pids.max"), 64 + kAgentReservePids);
+  EXPECT_EQ(CgroupValue("memory", id, "commands/memory.limit_in_bytes"), 64 << 20);
+
+  // A fork bomb, left running: it forks for ever, so every pid the
+  // commands may have stays taken.
+  auto bomb = Sh(id, "(while :; do sleep 1000 & done) >/dev/null 2>&1 & echo started");
+  EXPECT_EQ(bomb.out, "started\n") << bomb.err;
+  for (int i = 0; i < 750 && CgroupValue("pids", id, "commands/pids.current") < 60; ++i) ::usleep(20000);
+  EXPECT_GE(CgroupValue("pids", id, "commands/pids.current"), 60);
+  ExpectControllable(id, "fork bomb");
+  auto fork_fails = Sh(id, "sleep 0 && echo forked || echo no-fork");  // (the agent's own commands are at their limit)
+  EXPECT_NE(fork_fails.out + fork_fails.err, "forked\n");
+
+  // kill -9 1, kill -STOP -1 and kill -9 -1 from inside: the agent is PID 1.
+  auto signals = Sh(id, "kill -9 1; kill -STOP -1; kill -9 -1; echo after");
+  EXPECT_EQ(signals.out, "after\n") << signals.err;
+  for (int i = 0; i < 750 && CgroupValue("pids", id, "commands/pids.current") > 0; ++i) ::usleep(20000);
+  EXPECT_EQ(CgroupValue("pids", id, "commands/pids.current"), 0);
+  ExpectControllable(id, "kill -9 1, kill -STOP -1, kill -9 -1");
+
+  // A memory hog is killed in the commands' cgroup, not the agent.
+  auto hog = Sh(id, "dd if=/dev/zero of=/dev/null bs=200M count=1");
+  EXPECT_EQ(hog.exit_code, 137) << hog.err;
+  EXPECT_NE(hog.err.find("out of memory"), std::string::npos) << hog.err;
+  ExpectControllable(id, "memory hog");
+
+  // Thousands of short-lived orphans: the agent reaps them all.
+  auto zombies = Sh(id, "i=0; while [ $i -lt 3000 ]; do (true &); i=$((i+1)); done; echo made");
+  EXPECT_EQ(zombies.out, "made\n") << zombies.err;
+  for (int i = 0; i < 750 && CgroupValue("pids", id, "commands/pids.current") > 0; ++i) ::usleep(20000);
+  EXPECT_EQ(CgroupValue("pids", id, "commands/pids.current"), 0) << "zombies left";
+  for (int i = 0; i < 750 && CgroupValue("pids", id, "pids.current") > 16; ++i) ::usleep(20000);
+  EXPECT_LE(CgroupValue("pids", id, "pids.current"), 16) << "the agent's threads";
+  ExpectControllable(id, "zombies");
+
+  // Snapshot and destroy still work; nothing of the sandbox is left.
+  ASSERT_OK_AND_ASSIGN(json snap, client_->Snapshot(id, "hostile:1"));
+  EXPECT_FALSE(snap.value("digest", "").empty());
+  ASSERT_OK_AND_ASSIGN(auto destroyed, Cli({"destroy", id}));
+  EXPECT_EQ(destroyed.exit_code, 0) << destroyed.err;
+  ExpectHostClean();
+}
+
+TEST_F(HostileTest, KillLeftoversTakesTheWholeTree) {
+  StartDaemon();
+  const std::string id = Create({"--kill-leftovers"});
+  ASSERT_FALSE(id.empty());
+  auto running = [&](const std::string& pattern) {
+    auto r = Sh(id, "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null; echo; done | grep -c '" + pattern + "'");
+    return r.out;
+  };
+  // The sandbox's default: what the command left goes when it ends, also
+  // what left its session (setsid, a daemon's double fork).
+  auto left = Sh(id, "sleep 301 & setsid sleep 302 & (setsid sh -c 'sleep 303 & sleep 304' &); sleep 0.3; echo started");
+  EXPECT_EQ(left.out, "started\n") << left.err;
+  EXPECT_EQ(running("^sleep 30[1-4]"), "0\n");
+  // A timeout takes the whole tree too.
+  auto slow = Sh(id, "setsid sleep 305 & sleep 100", {"--timeout", "1s"});
+  EXPECT_EQ(slow.exit_code, 124) << slow.err;
+  for (int i = 0; i < 50 && running("^sleep 305") != "0\n"; ++i) ::usleep(20000);
+  EXPECT_EQ(running("^sleep 305"), "0\n");
+  // An exec may keep its leftovers; the exit code comes through either way.
+  auto kept = Sh(id, "setsid sleep 306 & exit 3", {"--keep-leftovers"});
+  EXPECT_EQ(kept.exit_code, 3) << kept.err;
+  EXPECT_EQ(running("^sleep 306"), "1\n");
+  auto code = Sh(id, "kill -TERM $$");
+  EXPECT_EQ(code.exit_code, 128 + SIGTERM) << code.err;
+  ASSERT_OK_AND_ASSIGN(auto destroyed, Cli({"destroy", id}));
+  EXPECT_EQ(destroyed.exit_code, 0) << destroyed.err;
+  ExpectHostClean();
+}
+
+TEST_F(HostileTest, DestroyWorksDuringAForkBomb) {
+  StartDaemon();
+  const std::string id = Create({"--pids", "128"});
+  ASSERT_FALSE(id.empty());
+  auto bomb = Sh(id, "(while :; do sleep 1000 & done) >/dev/null 2>&1 & sleep 1; echo started");
+  EXPECT_EQ(bomb.out, "started\n") << bomb.err;
+  ASSERT_OK_AND_ASSIGN(auto destroyed, Cli({"destroy", id}));
+  EXPECT_EQ(destroyed.exit_code, 0) << destroyed.err;
+  ExpectHostClean();
+}
+
+}  // namespace
+}  // namespace strata::launcher
