@@ -103,7 +103,7 @@ static int Body(int argc, char** argv) {
     ::rmdir(StrCat("/sys/fs/cgroup/", controller, "/strata-bench").c_str());
   }
 
-  std::printf("isolation: exec true through the API, %d at a time, one after another\n", execs);
+  std::printf("isolation: exec true through the API, %d execs one at a time per row\n", execs);
   Table t({"measure", "p50 ms", "p99 ms", "baseline", "baseline p50 ms", "baseline p99 ms", "p50 +ms", "p99 ratio"});
   auto row = [&](const std::string& name, const Figures& f, const std::string& base_name, const Figures& base) {
     t.Add({name, Fixed(f.p50_ms, 2), Fixed(f.p99_ms, 2), base_name, Fixed(base.p50_ms, 2), Fixed(base.p99_ms, 2),
