@@ -2,8 +2,10 @@
 // cgroups, seccomp, user namespaces, the uppers filesystem.
 #include "launcher/doctor.h"
 
+#include <linux/landlock.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/statfs.h>
 #include <sys/statvfs.h>
 #include <sys/utsname.h>
@@ -226,6 +228,14 @@ DoctorCheck CheckSeccomp() {
   return {"seccomp", ok, false, ok ? "filters available" : "the kernel has no seccomp filters (CONFIG_SECCOMP_FILTER)"};
 }
 
+// File rules need Landlock (a domain per command); without it sandboxes
+// work, and an exec with rules is refused, saying why.
+DoctorCheck CheckLandlock() {
+  const long abi = ::syscall(SYS_landlock_create_ruleset, nullptr, 0, LANDLOCK_CREATE_RULESET_VERSION);
+  if (abi >= 1) return {"file rules", true, false, StrCat("Landlock ABI ", abi)};
+  return {"file rules", true, false, "no Landlock in this kernel (lsm= without landlock?): execs with file rules are refused"};
+}
+
 DoctorCheck CheckUppers(const NodeConfig& node, const DoctorOptions& options) {
   DoctorCheck c{"sandbox uppers", false, false, ""};
   Status s = CheckUpperFilesystem(node.uppers);
@@ -302,6 +312,7 @@ std::vector<DoctorCheck> RunDoctor(const NodeConfig& node, const DoctorOptions& 
   checks.push_back(CheckCgroups(options.fix));
   checks.push_back(CheckCgroupMoves(options.fix));
   checks.push_back(CheckSeccomp());
+  checks.push_back(CheckLandlock());
   checks.push_back(CheckUppers(node, options));
   checks.push_back(CheckForwarding(options.fix));
   bool agent = !node.agent_binary.empty() && ::access(node.agent_binary.c_str(), X_OK) == 0;

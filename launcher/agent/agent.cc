@@ -328,7 +328,7 @@ void KillDescendants() {
         pid = 0;
       }
     }
-    if (pid > 0) ::kill(pid, SIGKILL);
+    if (pid > 0 && got < static_cast<ssize_t>(sizeof buf - 1)) ::kill(pid, SIGKILL);  // (a cut one waits for the next round)
     while (::waitpid(-1, nullptr, WNOHANG) > 0) {
     }
     if (::waitpid(-1, nullptr, WNOHANG) < 0 && errno == ECHILD) return;

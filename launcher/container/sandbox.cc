@@ -63,9 +63,9 @@ Status CheckTraversable(const std::string& dir, uid_t uid) {
 }
 
 // The hierarchies (cgroup v1) in which the commands get a cgroup of their
-// own below the sandbox's, with the limits the caller asked for; the
-// sandbox's has those plus the agent's reserve (docs/security.md).
-const char* const kCommandControllers[] = {"pids", "memory", "cpu"};
+// own below the sandbox's when the caller set a limit there, with that
+// limit; the sandbox's has it plus the agent's reserve (docs/security.md).
+const char* const kCommandControllers[] = {"pids", "memory"};
 constexpr const char* kCommandCgroup = "commands";
 
 const char* const kControllers[] = {"memory", "cpu", "cpuacct", "cpuset", "pids", "devices", "freezer", "blkio",
@@ -332,6 +332,9 @@ Status Sandbox::Start(const SandboxSpec& spec) {
   std::vector<UniqueFd> command_cgroups;
   if (::access("/sys/fs/cgroup/pids/cgroup.procs", F_OK) == 0) {  // (v1 hierarchies; on pure v2 commands share the sandbox's)
     for (const char* c : kCommandControllers) {
+      // Only where the caller set a limit: a cgroup costs kernel memory
+      // (a memory cgroup most), and without a limit there is none to exhaust.
+      if (std::string(c) == "pids" ? spec.limits.pids <= 0 : spec.limits.memory == 0) continue;
       const std::string dir = StrCat("/sys/fs/cgroup/", c, "/", node_.cgroup_parent, "/", id_, "/", kCommandCgroup);
       STRATA_RETURN_IF_ERROR(MakeDirs(dir, 0755).Annotate("commands' cgroup"));
       std::vector<std::pair<std::string, std::string>> limits;

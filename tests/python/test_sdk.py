@@ -284,3 +284,24 @@ def test_a_missing_program_is_a_bad_request_not_a_missing_sandbox(node):
         assert sb.read_file("/root/big") == data
         with pytest.raises(strata.NotFound):
             sb.read_file("/root/missing")
+
+
+def test_grader_files_and_whole_tree_leftovers(node):
+    with strata.Client("unix://" + node.socket) as client:
+        with client.create(layers=["busybox:1"], deny=["/grader"], read_only=["/etc"], kill_leftovers=True) as sb:
+            assert sb.info["files"] == {"deny": ["/grader"], "read_only": ["/etc"]}
+            sb.write_file("/grader/answer", b"42\n")
+            # The agent's commands neither read nor change; the grader's exec reads.
+            assert sb.exec("cat /grader/answer").exit_code != 0
+            assert sb.exec("touch /etc/x").exit_code != 0
+            assert sb.exec(["cat", "/grader/answer"], role="grader").stdout == b"42\n"
+            # An exec's own rules add to the sandbox's.
+            assert sb.exec("cat /root/.profile 2>/dev/null; ls /root", deny=["/root"]).stdout == b""
+            with pytest.raises(strata.SandboxError) as e:
+                sb.exec("true", role="judge")
+            assert "judge" in e.value.message
+            # The sandbox's default kills the whole tree, also what left the session.
+            sb.exec("setsid sleep 311 > /dev/null 2>&1 & echo started")
+            assert b"sleep 311" not in sb.exec("ps -o args").stdout
+            sb.exec("setsid sleep 312 > /dev/null 2>&1 &", kill_leftovers=False)
+            assert b"sleep 312" in sb.exec("ps -o args").stdout
