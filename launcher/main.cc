@@ -20,6 +20,7 @@
 #include "launcher/manager.h"
 #include "launcher/container/sandbox.h"
 #include "launcher/api/server.h"
+#include "launcher/node_cgroup.h"
 #include "launcher/api/tenants.h"
 #include "common/crypto.h"
 
@@ -160,6 +161,9 @@ int Serve(const ServeOptions& options, const NodeConfig& node) {
   for (int s : {SIGINT, SIGTERM, SIGHUP}) sigaddset(&signals, s);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   ::signal(SIGPIPE, SIG_IGN);
+  if (Status placed = PlaceNodeProcesses(node.cgroup_parent); !placed.ok()) {
+    std::fprintf(stderr, "launcher: warning: %s\n", placed.ToString().c_str());
+  }
   SweepStaleSandboxes(node).IgnoreError();
   auto manager = SandboxManager::Open(node, options.state_dir);
   if (!manager.ok()) return Fail(manager.status());

@@ -161,6 +161,7 @@ json OciConfig(const ContainerConfig& c) {
            {"cwd", "/"},
            {"capabilities", {{"bounding", caps}, {"effective", caps}, {"permitted", caps}}},
            {"noNewPrivileges", true},
+           {"oomScoreAdj", 0},  // (the daemon that starts it keeps the OOM killer away from itself, not from sandboxes)
        }},
       {"root", {{"path", c.rootfs}, {"readonly", c.fncall}}},
       {"hostname", c.hostname},

@@ -89,6 +89,10 @@ class SandboxTest : public ::testing::Test {
       }
     }
     for (const char* c : kControllers) ::rmdir(StrCat("/sys/fs/cgroup/", c, "/", cgroup_parent_).c_str());
+    // The daemon's own (launcher/node_cgroup.h), empty once it and its lazyfs are gone.
+    const std::string node_cgroup = StrCat("/sys/fs/cgroup/cpu/", cgroup_parent_, "-node");
+    const int removed = ::rmdir(node_cgroup.c_str()) == 0 ? 0 : errno;
+    EXPECT_TRUE(removed == 0 || removed == ENOENT) << node_cgroup << ": " << std::strerror(removed);
     ::rmdir((uppers_ + "/.snapshots").c_str());  // (made by the first snapshot; empty once each is packed)
     EXPECT_EQ(::rmdir(uppers_.c_str()), 0) << uppers_ << ": " << std::strerror(errno);
   }

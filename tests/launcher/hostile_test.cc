@@ -5,6 +5,7 @@
 #include <fstream>
 
 #include "common/fs.h"
+#include "launcher/node_cgroup.h"
 #include "tests/launcher/fixture.h"
 
 namespace strata::launcher {
@@ -126,6 +127,21 @@ TEST_F(HostileTest, DestroyWorksDuringAForkBomb) {
   StartDaemon();
   const std::string id = Create({"--pids", "128"});
   ASSERT_FALSE(id.empty());
+  // The daemon sits beside the sandboxes with a larger CPU weight and out
+  // of the OOM killer's way; the sandbox's processes do not inherit that.
+  auto read = [](const std::string& path) { return ReadFileToString(path).value_or(""); };
+  const std::string daemon = StrCat("/proc/", daemon_->pid());
+  EXPECT_NE(read(daemon + "/cgroup").find(StrCat(":/", cgroup_parent_, "-node\n")), std::string::npos) << read(daemon + "/cgroup");
+  const std::string status = read("/proc/self/status");
+  const size_t eff = status.find("CapEff:\t");
+  const uint64_t caps = eff == std::string::npos ? 0 : std::stoull(status.substr(eff + 8, 16), nullptr, 16);
+  if (caps & (uint64_t{1} << 24)) {  // CAP_SYS_RESOURCE (some hosts withhold it from root)
+    EXPECT_EQ(read(daemon + "/oom_score_adj"), StrCat(kNodeOomScoreAdj, "\n"));
+  }
+  EXPECT_EQ(read(StrCat("/sys/fs/cgroup/cpu/", cgroup_parent_, "-node/cpu.shares")), StrCat(kNodeCpuShares, "\n"));
+  const std::string procs = read(StrCat("/sys/fs/cgroup/pids/", cgroup_parent_, "/", id, "/cgroup.procs"));
+  ASSERT_FALSE(procs.empty());
+  EXPECT_EQ(read(StrCat("/proc/", std::stoi(procs), "/oom_score_adj")), "0\n");
   auto bomb = Sh(id, "(while :; do sleep 1000 & done) >/dev/null 2>&1 & sleep 1; echo started");
   EXPECT_EQ(bomb.out, "started\n") << bomb.err;
   ASSERT_OK_AND_ASSIGN(auto destroyed, Cli({"destroy", id}));

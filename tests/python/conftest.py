@@ -122,9 +122,9 @@ class Node:
                               capture_output=True).returncode != 0:
                 break
             time.sleep(0.01)
-        for c in CONTROLLERS:
+        for d in [f"/sys/fs/cgroup/{c}/{self.cgroup}" for c in CONTROLLERS] + [f"/sys/fs/cgroup/cpu/{self.cgroup}-node"]:
             try:
-                os.rmdir(f"/sys/fs/cgroup/{c}/{self.cgroup}")
+                os.rmdir(d)  # (the last: the daemon's own, launcher/node_cgroup.h)
             except OSError:
                 pass
         try:

@@ -1,0 +1,36 @@
+#include "launcher/node_cgroup.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include "common/fs.h"
+#include "common/strings.h"
+#include "common/unique_fd.h"
+
+namespace strata::launcher {
+
+namespace {
+
+Status WriteTo(const std::string& path, const std::string& value) {
+  UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CLOEXEC));
+  if (!fd) return ErrnoError(errno, "open " + path);
+  return WriteFull(fd.get(), value).Annotate("write " + path);
+}
+
+}  // namespace
+
+std::string NodeCgroup(const std::string& cgroup_parent) { return cgroup_parent + "-node"; }
+
+Status PlaceNodeProcesses(const std::string& cgroup_parent) {
+  if (::access("/sys/fs/cgroup/cpu/cgroup.procs", F_OK) == 0) {  // (else no v1 cpu hierarchy)
+    const std::string dir = "/sys/fs/cgroup/cpu/" + NodeCgroup(cgroup_parent);
+    STRATA_RETURN_IF_ERROR(MakeDirs(dir, 0755).Annotate("node processes: cgroup"));
+    STRATA_RETURN_IF_ERROR(WriteTo(dir + "/cpu.shares", StrCat(kNodeCpuShares)).Annotate("node processes: CPU weight"));
+    STRATA_RETURN_IF_ERROR(WriteTo(dir + "/cgroup.procs", StrCat(::getpid())).Annotate("node processes: join " + dir));
+  }
+  // Lowering it takes CAP_SYS_RESOURCE, which some hosts withhold from root.
+  return WriteTo("/proc/self/oom_score_adj", StrCat(kNodeOomScoreAdj))
+      .Annotate("node processes: OOM score (needs CAP_SYS_RESOURCE)");
+}
+
+}  // namespace strata::launcher
