@@ -5,6 +5,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <thread>
@@ -108,6 +109,11 @@ json ExecRequestJson(const ExecRequest& request) {
 
 }  // namespace
 
+void AgentClient::SetRulePaths(const FileRules& rules) {
+  rule_paths_ = rules.deny;
+  rule_paths_.insert(rule_paths_.end(), rules.read_only.begin(), rules.read_only.end());
+}
+
 Result<ExecResult> AgentClient::Exec(const ExecRequest& request, const OutputSink& sink) {
   STRATA_ASSIGN_OR_RETURN(int raw, Connect());
   UniqueFd fd(raw);
@@ -167,6 +173,11 @@ Result<std::unique_ptr<AgentClient::PutStream>> AgentClient::BeginPut(const std:
   stream->fd_.reset(raw);
   stream->path_ = path;
   json req = {{"path", path}, {"mode", mode}};
+  std::string normal;
+  for (const auto& part : Split(path, '/')) {
+    if (!part.empty() && part != ".") normal += "/" + part;
+  }
+  if (std::find(rule_paths_.begin(), rule_paths_.end(), normal) != rule_paths_.end()) req["in_place"] = true;
   if (owner) {
     req["uid"] = owner->first;
     req["gid"] = owner->second;

@@ -77,6 +77,10 @@ class AgentClient {
  public:
   explicit AgentClient(std::string socket_path) : socket_path_(std::move(socket_path)) {}
 
+  // Paths the sandbox's file rules name: a put to one of them is written
+  // in place (a rename over it would lift the rule in running commands).
+  void SetRulePaths(const FileRules& rules);
+
   // Waits until the agent answers a ping, or `wait` passes. The socket must
   // exist (the launcher binds it and hands it to the agent).
   Status WaitReady(Duration wait);
@@ -165,6 +169,7 @@ class AgentClient {
  private:
   Result<int> Connect(Duration reply_timeout = Duration{0});
   std::string socket_path_;
+  std::vector<std::string> rule_paths_;
 };
 
 }  // namespace strata::launcher

@@ -205,7 +205,14 @@ Status SandboxManager::Recover() {
         entry->spec.layers = spec.value("layers", std::vector<std::string>{});
         entry->spec.env = spec.value("env", std::vector<std::string>{});
         entry->spec.workdir = spec.value("workdir", std::string("/"));
-        if (auto files = ParseFileRules(spec.value("files", json()), "state files"); files.ok()) entry->spec.files = std::move(*files);
+        auto files = ParseFileRules(spec.value("files", json()), "state files");
+        if (!files.ok()) {  // (its rules could not be kept: not adopted)
+          STRATA_LOG(kWarn) << "removing function-call sandbox " << id << ": " << files.status().ToString();
+          STRATA_RETURN_IF_ERROR(Forget(id));
+          ++recovery_.removed;
+          continue;
+        }
+        entry->spec.files = std::move(*files);
         entry->spec.backend = "fncall";
         ++pool->users;
         sandboxes_[id] = entry;
@@ -480,6 +487,7 @@ Result<std::string> SandboxManager::StartDetached(const std::string& id, ExecReq
     if (sb->paused()) return Error(EBUSY, StrCat("sandbox ", id, " is paused; resume it first"));
   }
   sb->FillDefaults(request);
+  STRATA_RETURN_IF_ERROR(sb->CheckAgentFor(request));
   // A sandbox started by an older strata runs an agent that would take a
   // detached request for a plain one.
   STRATA_ASSIGN_OR_RETURN(json ping, sb->agent().Ping());

@@ -278,6 +278,17 @@ int DropCallPrivileges(const std::string& seccomp) {
   ::_exit(128 + sig);
 }
 
+// Closes every descriptor from 3 up but those in `keep` (sorted).
+void CloseAllBut(const std::vector<int>& keep) {
+  unsigned int from = 3;
+  for (int k : keep) {
+    const auto fd = static_cast<unsigned int>(k);
+    if (fd > from) ::syscall(SYS_close_range, from, fd - 1, 0);
+    if (fd + 1 > from) from = fd + 1;
+  }
+  ::syscall(SYS_close_range, from, ~0U, 0);
+}
+
 // The agent's child for a call: new namespaces, then the call's init; ends
 // the way the command ended, so the agent sees its exit code or signal.
 [[noreturn]] void RunCall(const CallSpec& c) {
@@ -315,10 +326,9 @@ void KillDescendants() {
     char buf[4096];
     ssize_t got = 0;
     int fd = ::open(path, O_RDONLY | O_CLOEXEC);
-    if (fd >= 0) {
-      got = ::read(fd, buf, sizeof buf - 1);
-      ::close(fd);
-    }
+    if (fd < 0) return;  // (no /proc in the sandbox: nothing to find them by)
+    got = ::read(fd, buf, sizeof buf - 1);
+    ::close(fd);
     pid_t pid = 0;
     for (ssize_t i = 0; i < std::max<ssize_t>(got, 0); ++i) {
       if (buf[i] >= '0' && buf[i] <= '9') {
@@ -343,27 +353,38 @@ void KillDescendants() {
 // it kills all of that and exits the way the command did. The command
 // runs in a process group of its own, which the agent signals (timeouts,
 // signal requests), so this process outlives a group SIGKILL to clean up.
-[[noreturn]] void Shepherd(char** argv, char** envp, int error_fd) {
+//
+// The shepherd itself stays in the sandbox's cgroup (its reserve: a fork
+// bomb in the commands' cgroup does not stop it forking), outside the
+// command's Landlock domain, and not dumpable: the command can neither
+// read its memory or descriptors nor ptrace it. It can still signal it;
+// a stopped shepherd is continued at a timeout, a killed one lets what
+// left the session go (docs/protocol.md).
+[[noreturn]] void Shepherd(char** argv, char** envp, int error_fd, const std::vector<int>& cgroups, bool landlock) {
   ::prctl(PR_SET_CHILD_SUBREAPER, 1);
+  ::prctl(PR_SET_DUMPABLE, 0);
   int ready[2];
   if (::pipe2(ready, O_CLOEXEC) != 0) FailStart(error_fd, StartStep::kFork, errno);
   pid_t cmd = ::fork();
   if (cmd < 0) FailStart(error_fd, StartStep::kFork, errno);
   if (cmd == 0) {
     ::close(ready[0]);
+    ::close(error_fd);
     ::setpgid(0, 0);
+    for (int fd : cgroups) {
+      if (::write(fd, "0", 1) != 1) FailStart(ready[1], StartStep::kCgroup, errno);
+    }
+    if (int e = landlock ? EnterLandlockDomain() : 0) FailStart(ready[1], StartStep::kLandlock, e);
     ::environ = envp;
     ::execvp(argv[0], argv);
-    int e = errno;
-    ssize_t w = ::write(ready[1], &e, sizeof e);
-    (void)w;
-    ::_exit(127);
+    FailStart(ready[1], StartStep::kExec, errno);
   }
   ::close(ready[1]);
-  int e = 0;
-  if (::read(ready[0], &e, sizeof e) == sizeof e) {
+  for (int fd : cgroups) ::close(fd);
+  StartFailure failed{};
+  if (::read(ready[0], &failed, sizeof failed) == sizeof failed) {
     ::waitpid(cmd, nullptr, 0);
-    FailStart(error_fd, StartStep::kExec, e);
+    FailStart(error_fd, failed.step, failed.err, failed.rule);
   }
   ::close(ready[0]);
   StartFailure started{StartStep::kStarted, cmd, -1};
@@ -401,34 +422,29 @@ Result<std::vector<RuleMount>> PlanRuleMounts(const FileRules& rules) {
       STRATA_RETURN_IF_ERROR(MakeDirs(d, 0700).Annotate("exec: files.deny: make " + d));
     }
     STRATA_ASSIGN_OR_RETURN(std::string real, resolve(d, "deny"));
-    if (real == "/") return Error(EINVAL, "exec: files.deny: " + d + " resolves to /");
+    // (A link on the way could be pointed elsewhere by a command, and the
+    // caller's later copies and the grader would follow it.)
+    if (real != d) return Error(EINVAL, StrCat("exec: files.deny: ", d, " leads through a symbolic link to ", real, "; name that"));
     if (::stat(real.c_str(), &st) != 0) return ErrnoError(errno, "exec: files.deny: " + d);
     protect.push_back({S_ISDIR(st.st_mode) ? RuleMount::kDenyDir : RuleMount::kDenyFile, real});
   }
   for (const std::string& r : rules.read_only) {
     STRATA_ASSIGN_OR_RETURN(std::string real, resolve(r, "read_only"));
-    if (real == "/") return Error(EINVAL, "exec: files.read_only: " + r + " resolves to /");
+    if (real != r) return Error(EINVAL, StrCat("exec: files.read_only: ", r, " leads through a symbolic link to ", real, "; name that"));
     protect.push_back({RuleMount::kReadOnly, real});
   }
-  // (Links may have resolved one path under another: what lies under a
-  // denied directory is hidden with it, and a read-only mount needs no
-  // pins inside.)
-  auto under = [&](const std::string& path, bool strictly, bool read_only_too) {
-    return std::any_of(protect.begin(), protect.end(), [&](const RuleMount& m) {
-      if (m.kind == RuleMount::kReadOnly && !read_only_too) return false;
-      return PathUnder(path, m.path) && (!strictly || path != m.path);
-    });
+  // (The rules come minimal, and no link changed a path: no protected
+  // path lies under a denied one.) An ancestor is pinned unless it is
+  // protected itself or lies under a read-only path (nothing moves there).
+  auto under = [&](const std::string& path) {
+    return std::any_of(protect.begin(), protect.end(), [&](const RuleMount& m) { return PathUnder(path, m.path); });
   };
-  std::vector<RuleMount> plan;
-  for (const RuleMount& m : protect) {
-    const bool seen = std::any_of(plan.begin(), plan.end(), [&](const RuleMount& o) { return o.path == m.path; });
-    if (!seen && !under(m.path, true, false)) plan.push_back(m);
-  }
+  std::vector<RuleMount> plan = protect;
   std::vector<std::string> pins;
   for (const RuleMount& m : plan) {
     for (size_t slash = m.path.find('/', 1); slash != std::string::npos; slash = m.path.find('/', slash + 1)) {
       std::string ancestor = m.path.substr(0, slash);
-      if (!under(ancestor, false, true)) pins.push_back(ancestor);
+      if (!under(ancestor)) pins.push_back(ancestor);
     }
   }
   std::sort(pins.begin(), pins.end());
@@ -580,6 +596,11 @@ Result<Agent::Started> Agent::Start(const json& req, bool want_stdin) {
   if (::pipe2(exec_error, O_CLOEXEC)) return ErrnoError(errno, "exec: pipe");
   UniqueFd err_pipe_r(exec_error[0]), err_pipe_w(exec_error[1]);
 
+  // What the child keeps past 3 (sorted, made before the fork).
+  std::vector<int> keep = cgroups;
+  keep.push_back(err_pipe_w.get());
+  std::sort(keep.begin(), keep.end());
+  const bool shepherd = started.kill_leftovers && !isolate;
   started.start = std::chrono::steady_clock::now();
   pid_t pid;
   {
@@ -592,12 +613,18 @@ Result<Agent::Started> Agent::Start(const json& req, bool want_stdin) {
       sigemptyset(&none);
       ::sigprocmask(SIG_SETMASK, &none, nullptr);
       ::signal(SIGPIPE, SIG_DFL);  // the agent ignores it; a command gets the usual default
-      for (int fd : cgroups) {
-        if (::write(fd, "0", 1) != 1) FailStart(err_pipe_w.get(), StartStep::kCgroup, errno);
-      }
       ::dup2(in_r.get(), 0);
       ::dup2(out_w.get(), 1);
       ::dup2(err_w.get(), 2);
+      // Nothing else of the agent's (other requests' files and sockets,
+      // other commands' pipes): close-on-exec is not enough for the
+      // processes here that never exec (a shepherd, a call's init).
+      CloseAllBut(keep);
+      if (!shepherd) {
+        for (int fd : cgroups) {
+          if (::write(fd, "0", 1) != 1) FailStart(err_pipe_w.get(), StartStep::kCgroup, errno);
+        }
+      }
       if (isolate) RunCall({cargv.data(), cenv.data(), cwd.c_str(), err_pipe_w.get(), isolate_network, call_seccomp, &rule_mounts});
       if (!rule_mounts.empty()) {
         if (::unshare(CLONE_NEWNS) != 0) FailStart(err_pipe_w.get(), StartStep::kNamespaces, errno);
@@ -608,11 +635,11 @@ Result<Agent::Started> Agent::Start(const json& req, bool want_stdin) {
       if (call_seccomp) {
         if (int e = DropCallPrivileges(*call_seccomp)) FailStart(err_pipe_w.get(), StartStep::kPrivileges, e);
       }
-      if (!rule_mounts.empty()) {
+      if (!rule_mounts.empty() && !shepherd) {
         if (int e = EnterLandlockDomain()) FailStart(err_pipe_w.get(), StartStep::kLandlock, e);
       }
       if (::chdir(cwd.c_str()) != 0) FailStart(err_pipe_w.get(), StartStep::kChdir, errno);
-      if (started.kill_leftovers) Shepherd(cargv.data(), cenv.data(), err_pipe_w.get());
+      if (shepherd) Shepherd(cargv.data(), cenv.data(), err_pipe_w.get(), cgroups, !rule_mounts.empty());
       ::environ = cenv.data();
       ::execvp(cargv[0], cargv.data());
       FailStart(err_pipe_w.get(), StartStep::kExec, errno);
@@ -652,6 +679,13 @@ Result<Agent::Started> Agent::Start(const json& req, bool want_stdin) {
   return started;
 }
 
+// Kills a running command's process group; a shepherd (which the command
+// may have stopped) is continued, to kill the rest of the tree and exit.
+void Agent::KillCommand(const Started& c) {
+  ::kill(-c.group, SIGKILL);
+  if (c.group != c.pid) ::kill(c.pid, SIGCONT);
+}
+
 json Agent::Pump(Started& c, int conn, const std::function<bool(int, std::string_view)>& emit) {
   const pid_t pid = c.pid;
   // Stdin is written without blocking: a command that fills its stdout
@@ -685,7 +719,7 @@ json Agent::Pump(Started& c, int conn, const std::function<bool(int, std::string
       auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count();
       if (left <= 0) {
         timed_out = true;
-        ::kill(-c.group, SIGKILL);
+        KillCommand(c);
       } else {
         wait_ms = static_cast<int>(std::min<int64_t>(left, 100));
       }
@@ -700,7 +734,7 @@ json Agent::Pump(Started& c, int conn, const std::function<bool(int, std::string
         std::string payload;
         if (!ReadFrame(conn, &type, &payload).ok()) {
           conn_open = false;  // the launcher went away: nobody wants the result
-          ::kill(-c.group, SIGKILL);
+          KillCommand(c);
           continue;
         }
         if (type == Frame::kStdin && in_w) {
@@ -744,7 +778,9 @@ json Agent::Pump(Started& c, int conn, const std::function<bool(int, std::string
         children_.erase(pid);
         quiet_since = std::chrono::steady_clock::now();
         // Asked for: what the command left behind in its process group goes with it.
-        if (c.kill_leftovers) ::kill(-c.group, SIGKILL);
+        // (With a shepherd, done: it killed the tree before it exited,
+        // and the group's id may already be someone else's.)
+        if (c.kill_leftovers && c.group == pid) ::kill(-c.group, SIGKILL);
       }
     }
     if (exited) {
@@ -754,7 +790,7 @@ json Agent::Pump(Started& c, int conn, const std::function<bool(int, std::string
     }
   }
   if (!exited) wait_status = WaitChild(pid);
-  if (timed_out || c.kill_leftovers) ::kill(-c.group, SIGKILL);  // stragglers of the group
+  if ((timed_out || c.kill_leftovers) && c.group == pid) ::kill(-c.group, SIGKILL);  // stragglers of the group
   json result = {
       {"exit_code", WIFEXITED(wait_status) ? WEXITSTATUS(wait_status) : -1},
       {"signal", WIFSIGNALED(wait_status) ? WTERMSIG(wait_status) : 0},
@@ -947,12 +983,20 @@ Status Agent::Put(int conn, const json& req) {
   const std::string tmp = StrCat(Dirname(path), "/.strata-put-", ::getpid(), "-", ::syscall(SYS_gettid));
   Status s = MakeDirs(Dirname(path));
   UniqueFd fd;
-  if (s.ok()) {
+  // A file that is itself a file rule's path is written in place: renaming
+  // over it would unlink the mount point that hides it (or keeps it
+  // read-only) in every running command's namespace.
+  struct stat existing;
+  const bool in_place = req.value("in_place", false) && ::lstat(path.c_str(), &existing) == 0 && S_ISREG(existing.st_mode);
+  if (s.ok() && in_place) {
+    fd.reset(::open(path.c_str(), O_WRONLY | O_TRUNC | O_CLOEXEC | O_NOFOLLOW));
+    if (!fd) s = ErrnoError(errno, "put: open " + path);
+  } else if (s.ok()) {
     fd.reset(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600));
     if (!fd) s = ErrnoError(errno, "put: create a file beside " + path);
   }
   auto drop = [&] {
-    if (fd) ::unlink(tmp.c_str());
+    if (fd && !in_place) ::unlink(tmp.c_str());
   };
   // Read the data frames whatever happened, so the stream stays in step.
   while (true) {
@@ -974,7 +1018,7 @@ Status Agent::Put(int conn, const json& req) {
     s = ErrnoError(errno, "put: chown " + path);
   }
   if (s.ok() && ::fchmod(fd.get(), req.value("mode", 0644) & 07777) != 0) s = ErrnoError(errno, "put: chmod " + path);
-  if (s.ok() && ::rename(tmp.c_str(), path.c_str()) != 0) s = ErrnoError(errno, "put: rename into " + path);
+  if (s.ok() && !in_place && ::rename(tmp.c_str(), path.c_str()) != 0) s = ErrnoError(errno, "put: rename into " + path);
   if (!s.ok()) {
     drop();
     return SendError(conn, s);

@@ -63,6 +63,7 @@ class Agent {
   // signals from it (a closed `conn` kills the command). Returns the exit
   // report once the command is gone and its pipes closed or stayed quiet.
   nlohmann::json Pump(Started& command, int conn, const std::function<bool(int, std::string_view)>& emit);
+  void KillCommand(const Started& command);
   Status Exec(int conn, const nlohmann::json& request);
   Status StartDetached(int conn, const nlohmann::json& request);
   std::shared_ptr<Detached> FindDetached(const std::string& id);

@@ -18,8 +18,11 @@ namespace strata::launcher {
 
 // The version a ping reports. 2 added detached commands (kExec with
 // "detach", kAttach, kExecStatus, kListExecs, kSignalExec),
-// "kill_leftovers", and directory trees (kPutTree, kGetTree).
-inline constexpr int kAgentProtocolVersion = 2;
+// "kill_leftovers", and directory trees (kPutTree, kGetTree). 3 added file
+// rules ("files", "grader" on kExec; "in_place" on kPut) and the whole-tree
+// kill_leftovers; an older agent ignores them, so the launcher refuses
+// rules for it.
+inline constexpr int kAgentProtocolVersion = 3;
 
 enum class Frame : uint8_t {
   // launcher -> agent

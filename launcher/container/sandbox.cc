@@ -405,6 +405,7 @@ Status Sandbox::Start(const SandboxSpec& spec) {
   listener.reset();
   command_cgroups.clear();  // the runtime and then the agent hold it; if they die, a connection fails
   agent_ = std::make_unique<AgentClient>(socket_path);
+  agent_->SetRulePaths(spec.files);
   Status ready = agent_->WaitReady(std::chrono::seconds(30));
   if (!ready.ok()) {
     // The runtime's own words say why it failed; give it a moment to exit.
@@ -436,8 +437,24 @@ void Sandbox::FillDefaults(ExecRequest& request) const {
   if (!request.kill_leftovers) request.kill_leftovers = spec_.kill_leftovers;
 }
 
+Status Sandbox::CheckAgentFor(const ExecRequest& request) {
+  if (request.files.empty()) return OkStatus();
+  int version = agent_version_.load();
+  if (version == 0) {
+    STRATA_ASSIGN_OR_RETURN(nlohmann::json ping, agent_->Ping());
+    version = ping.value("version", 1);
+    agent_version_ = version;
+  }
+  if (version < 3) {
+    return Error(ENOTSUP, StrCat("sandbox ", id_, ": its agent speaks protocol ", version,
+                                 " and would ignore file rules; they need 3 (a sandbox created by this strata)"));
+  }
+  return OkStatus();
+}
+
 Result<ExecResult> Sandbox::Exec(ExecRequest request, const OutputSink& sink) {
   FillDefaults(request);
+  STRATA_RETURN_IF_ERROR(CheckAgentFor(request));
   return agent_->Exec(request, sink);
 }
 
@@ -577,6 +594,7 @@ Result<std::unique_ptr<Sandbox>> Sandbox::Adopt(const std::string& id, const Nod
     if (volume.ok()) sb->upper_.emplace(std::move(*volume));
   }
   sb->agent_ = std::make_unique<AgentClient>(sb->dir_ + "/agent/" + kAgentSocketName);
+  sb->agent_->SetRulePaths(sb->spec_.files);
   return sb;
 }
 

@@ -5,6 +5,7 @@
 // Destroy() (or the destructor) removes everything the sandbox made.
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <optional>
 #include <string>
@@ -82,6 +83,9 @@ class Sandbox {
   // The sandbox's env, workdir and isolation for a request that leaves them empty.
   void FillDefaults(ExecRequest& request) const;
   Result<ExecResult> Exec(ExecRequest request, const OutputSink& sink);
+  // Refuses a request the sandbox's agent would not honour (file rules
+  // for an agent older than protocol 3). `request` has its defaults.
+  Status CheckAgentFor(const ExecRequest& request);
   // Whether the kernel's OOM killer killed a process in the sandbox.
   bool OomKilled() const;
   // Kills every process in the sandbox (its exec returns).
@@ -137,6 +141,7 @@ class Sandbox {
   std::optional<Subprocess> runtime_;
   std::unique_ptr<AgentClient> agent_;
   bool destroyed_ = false;
+  std::atomic<int> agent_version_{0};  // its ping's, once asked
 };
 
 // A new random sandbox id, "sb-" and 12 hex digits.

@@ -27,11 +27,12 @@ echo proc
 for p in /proc/[0-9]*; do
   cat $p/root/grader/secret $p/cwd/secret 2>&1
   for f in $p/fd/*; do
-    case "$(readlink $f 2>/dev/null)" in pipe:*|socket:*|anon_inode:*) ;; *) head -c 100 $f 2>&1 ;; esac
+    case "$(readlink $f 2>/dev/null)" in pipe:*|socket:*|anon_inode:*) ;; *) head -c 100 $f 2>&1; cat $f/secret $f/grader/secret 2>&1 ;; esac
   done
 done
 echo openat2; prober openat2 / grader/secret
 echo passed; prober fetch /tmp/fds secret; prober fetch /tmp/fds grader/secret
+echo parent; ls /proc/$PPID/fd 2>&1 | head -c 300
 echo tree; (setsid sh -c 'sleep 0.2; cat /grader/secret /proc/1/root/grader/secret > /tmp/daemon.out 2>&1' &); sleep 0.6; cat /tmp/daemon.out
 echo end
 )sh";
@@ -65,7 +66,7 @@ class FileRulesTest : public DaemonFixture {
 
 TEST_F(FileRulesTest, GraderFilesStayHiddenFromEveryRoute) {
   StartDaemon();
-  const std::string id = Create({"--deny", "/grader", "--read-only", "/opt/harness"});
+  const std::string id = Create({"--deny", "/grader", "--read-only", "/opt/harness", "--read-only", "/etc/passwd"});
   ASSERT_FALSE(id.empty());
   ASSERT_OK_AND_ASSIGN(std::string prober, ReadFileToString(Prober()));
   Put(id, prober, "/usr/bin/prober", 0755);
@@ -94,6 +95,11 @@ TEST_F(FileRulesTest, GraderFilesStayHiddenFromEveryRoute) {
   EXPECT_NE(attack.out.find("received 4"), std::string::npos) << attack.out << attack.err;
   EXPECT_NE(attack.out.find("/ openat2 no_xdev: err"), std::string::npos) << attack.out << attack.err;
   EXPECT_NE(attack.out.find("fd3 list: ok"), std::string::npos) << "the listing of / by descriptor: " << attack.out;
+  // The same under a shepherd (--kill-leftovers: a process between the
+  // agent and the command that never execs).
+  auto shepherded = Sh(id, kAttack, {"--kill-leftovers"});
+  EXPECT_EQ(shepherded.out.find("42"), std::string::npos) << "leaked:\n" << shepherded.out << shepherded.err;
+  EXPECT_NE(shepherded.out.find("\nend\n"), std::string::npos) << shepherded.out << shepherded.err;
   // The same script as the grader finds the secret: it is a real probe.
   auto control = Sh(id, kAttack, {"--role", "grader"});
   EXPECT_NE(control.out.find(kSecret), std::string::npos) << control.out << control.err;
@@ -115,6 +121,15 @@ TEST_F(FileRulesTest, GraderFilesStayHiddenFromEveryRoute) {
   auto intact = Exec(id, {"cat", "/opt/harness/run.sh"}, {"--role", "grader"});
   EXPECT_EQ(intact.out, "#!/bin/sh\necho harness ran\n") << intact.err;
 
+  // The caller replaces a read-only file while a command runs: it is
+  // written in place, so the running command's rule stays.
+  auto waiting = Sh(id, "(while [ ! -e /tmp/go ]; do sleep 0.05; done; (echo evil >> /etc/passwd && echo wrote || echo refused) > /tmp/result "
+                        "2>/dev/null) >/dev/null 2>&1 & echo waiting");
+  EXPECT_EQ(waiting.out, "waiting\n") << waiting.err;
+  Put(id, "root:x:0:0:new:/root:/bin/sh\n", "/etc/passwd");
+  auto go = Sh(id, "touch /tmp/go; for i in $(seq 100); do [ -s /tmp/result ] && break; sleep 0.05; done; cat /tmp/result /etc/passwd");
+  EXPECT_EQ(go.out, "refused\nroot:x:0:0:new:/root:/bin/sh\n") << go.err;
+
   // Everything else stays the agent's: /tmp, /root, new top-level
   // directories (made now, used at once and by later commands).
   auto usable = Sh(id, "mkdir /work && echo a > /work/f && cat /work/f && echo b > /tmp/b && echo c > /root/c && "
@@ -135,7 +150,7 @@ TEST_F(FileRulesTest, GraderFilesStayHiddenFromEveryRoute) {
 
   // Describe shows the rules.
   ASSERT_OK_AND_ASSIGN(json info, client_->Info(id));
-  EXPECT_EQ(info["files"], json::parse(R"({"deny": ["/grader"], "read_only": ["/opt/harness"]})")) << info.dump();
+  EXPECT_EQ(info["files"], json::parse(R"({"deny": ["/grader"], "read_only": ["/etc/passwd", "/opt/harness"]})")) << info.dump();
   for (const auto& s : {id, next, with}) {
     ASSERT_OK_AND_ASSIGN(auto d, Cli({"destroy", s}));
     EXPECT_EQ(d.exit_code, 0) << d.err;
@@ -148,8 +163,8 @@ TEST_F(FileRulesTest, RulesPerExecAndForFunctionCalls) {
   const std::string id = Create();
   ASSERT_FALSE(id.empty());
   // An exec's own rules hold for it alone.
-  auto denied = Sh(id, "cat /etc/passwd > /dev/null && echo read", {"--deny", "/etc"});
-  EXPECT_EQ(denied.out, "") << denied.err;
+  auto denied = Sh(id, "cat /etc/passwd > /dev/null && echo read || echo refused", {"--deny", "/etc"});
+  EXPECT_EQ(denied.out, "refused\n") << denied.err;
   auto ro = Sh(id, "touch /root/x || echo refused", {"--read-only", "/root"});
   EXPECT_EQ(ro.out, "refused\n") << ro.err;
   auto free = Sh(id, "cat /etc/passwd > /dev/null && touch /root/x && echo fine");
@@ -170,6 +185,12 @@ TEST_F(FileRulesTest, RulesPerExecAndForFunctionCalls) {
   auto missing = Sh(id, "true", {"--read-only", "/no/such"});
   EXPECT_NE(missing.exit_code, 0);
   EXPECT_NE(missing.err.find("files.read_only: /no/such"), std::string::npos) << missing.err;
+  // A link on the way is refused: a command could point it elsewhere.
+  auto link = Sh(id, "ln -s /etc /etc-link && echo linked");
+  EXPECT_EQ(link.out, "linked\n") << link.err;
+  auto through = Sh(id, "true", {"--deny", "/etc-link/passwd"});
+  EXPECT_NE(through.exit_code, 0);
+  EXPECT_NE(through.err.find("/etc-link/passwd leads through a symbolic link to /etc/passwd"), std::string::npos) << through.err;
   auto role = Sh(id, "true", {"--role", "judge"});
   EXPECT_NE(role.exit_code, 0);
   EXPECT_NE(role.err.find("judge"), std::string::npos) << role.err;

@@ -62,7 +62,10 @@ TEST_F(HostileTest, ForkBombsMemoryHogsAndSignalsLeaveTheSandboxControllable) {
   EXPECT_GE(CgroupValue("pids", id, "commands/pids.current"), 60);
   ExpectControllable(id, "fork bomb");
   auto fork_fails = Sh(id, "sleep 0 && echo forked || echo no-fork");  // (the agent's own commands are at their limit)
-  EXPECT_NE(fork_fails.out + fork_fails.err, "forked\n");
+  EXPECT_EQ(fork_fails.out.find("forked"), std::string::npos) << fork_fails.out << fork_fails.err;
+  // A shepherd (kill_leftovers) forks in the reserve; its command joins the full cgroup.
+  auto shepherded = Sh(id, "echo shepherded", {"--kill-leftovers"});
+  EXPECT_EQ(shepherded.out, "shepherded\n") << shepherded.err;
 
   // kill -9 1, kill -STOP -1 and kill -9 -1 from inside: the agent is PID 1.
   auto signals = Sh(id, "kill -9 1; kill -STOP -1; kill -9 -1; echo after");
@@ -118,6 +121,14 @@ TEST_F(HostileTest, KillLeftoversTakesTheWholeTree) {
   EXPECT_EQ(running("^sleep 306"), "1\n");
   auto code = Sh(id, "kill -TERM $$");
   EXPECT_EQ(code.exit_code, 128 + SIGTERM) << code.err;
+  // Stdin reaches its end under a shepherd.
+  ASSERT_OK_AND_ASSIGN(auto in, Cli({"exec", id, "-i", "--", "cat"}, "piped in\n"));
+  EXPECT_EQ(in.out, "piped in\n") << in.err;
+  // A command that stops its shepherd: the timeout continues it, and the tree goes.
+  auto stopped = Sh(id, "setsid sleep 307 & kill -STOP $PPID; sleep 100", {"--timeout", "1s"});
+  EXPECT_EQ(stopped.exit_code, 124) << stopped.err;
+  for (int i = 0; i < 100 && running("^sleep 307") != "0\n"; ++i) ::usleep(20000);
+  EXPECT_EQ(running("^sleep 307"), "0\n");
   ASSERT_OK_AND_ASSIGN(auto destroyed, Cli({"destroy", id}));
   EXPECT_EQ(destroyed.exit_code, 0) << destroyed.err;
   ExpectHostClean();
