@@ -1,9 +1,13 @@
 // PublishBusybox for the benches.
 #include "tests/bench/bench_layers.h"
 
+#include <signal.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "cache/catalog.h"
+#include "common/strings.h"
+#include "launcher/api/client.h"
 #include "layerctl/builder.h"
 #include "layerctl/publish.h"
 #include "tests/bench/bench_util.h"
@@ -21,6 +25,33 @@ BusyboxLayer PublishBusybox() {
   cache::Catalog catalog(Check(cache::OpenStore(l.store)));
   Check(layerctl::Push(built, catalog, cache::LayerRef{"bench", "1"}).status());
   return l;
+}
+
+Subprocess StartBenchDaemon(const BusyboxLayer& layer) {
+  const TempDir& dir = layer.dir;
+  const std::vector<std::string> env = {"STRATA_STORE=" + layer.store, "STRATA_LAZYFS_SOCKET=" + dir.Sub("lazyfs.sock"),
+                                        "STRATA_CACHE=" + dir.Sub("cache"), "STRATA_RUN_DIR=" + dir.Sub("run"),
+                                        "STRATA_CGROUP_PARENT=strata-bench"};
+  Subprocess daemon = Check(Subprocess::Start({.argv = {SelfDir() + "/../../launcher/launcher", "serve", "--socket", dir.Sub("launcher.sock"),
+                                                        "--state", dir.Sub("state")},
+                                               .env = env, .stdout_mode = StdStream::kNull, .stderr_mode = StdStream::kFile,
+                                               .stderr_file = dir.Sub("daemon.log")}));
+  launcher::LauncherClient client(dir.Sub("launcher.sock"));
+  for (int i = 0; i < 500 && !client.Alive(); ++i) ::usleep(10000);
+  if (!client.Alive()) Check(Error(EIO, "the daemon did not start; see " + dir.Sub("daemon.log")));
+  return daemon;
+}
+
+void StopBenchDaemon(Subprocess& daemon, const BusyboxLayer& layer) {
+  daemon.Kill(SIGTERM);
+  daemon.Wait().status().IgnoreError();
+  const std::string lazyfs = "lazyfs daemon --socket " + layer.dir.Sub("lazyfs.sock");
+  RunCommand({.argv = {"pkill", "-TERM", "-f", lazyfs}}).status().IgnoreError();
+  for (int i = 0; i < 500 && RunCommand({.argv = {"pgrep", "-f", lazyfs}})->success(); ++i) ::usleep(10000);
+  for (const char* controller : {"blkio", "cpu", "cpuacct", "cpuset", "devices", "freezer", "hugetlb", "memory", "pids", "systemd", "unified"}) {
+    ::rmdir(StrCat("/sys/fs/cgroup/", controller, "/strata-bench").c_str());
+  }
+  ::rmdir("/sys/fs/cgroup/cpu/strata-bench-node");  // the daemon's own
 }
 
 }  // namespace strata::bench

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "common/fs.h"
+#include "common/subprocess.h"
 
 namespace strata::bench {
 
@@ -16,5 +17,12 @@ struct BusyboxLayer {
 
 // Throws (Check) on failure, like every bench step.
 BusyboxLayer PublishBusybox();
+
+// The launcher daemon on `layer`'s store, with its own socket
+// (`layer.dir`/launcher.sock), run directory, lazyfs and cgroup parent
+// strata-bench; answering when this returns.
+Subprocess StartBenchDaemon(const BusyboxLayer& layer);
+// Stops it and its lazyfs daemon and removes their cgroups.
+void StopBenchDaemon(Subprocess& daemon, const BusyboxLayer& layer);
 
 }  // namespace strata::bench

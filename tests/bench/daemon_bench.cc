@@ -67,17 +67,8 @@ static int Body(int argc, char** argv) {
   const std::string& store = layer.store;
 
   // The daemon, on its own socket, run directory and cgroup parent.
-  const std::string launcher = SelfDir() + "/../../launcher/launcher";
-  const std::string socket = dir.Sub("launcher.sock");
-  const std::vector<std::string> env = {"STRATA_STORE=" + store, "STRATA_LAZYFS_SOCKET=" + dir.Sub("lazyfs.sock"),
-                                        "STRATA_CACHE=" + dir.Sub("cache"), "STRATA_RUN_DIR=" + dir.Sub("run"),
-                                        "STRATA_CGROUP_PARENT=strata-bench"};
-  Subprocess daemon = Check(Subprocess::Start({.argv = {launcher, "serve", "--socket", socket, "--state", dir.Sub("state")},
-                                               .env = env, .stdout_mode = StdStream::kNull, .stderr_mode = StdStream::kFile,
-                                               .stderr_file = dir.Sub("daemon.log")}));
-  launcher::LauncherClient client(socket);
-  for (int i = 0; i < 500 && !client.Alive(); ++i) ::usleep(10000);
-  if (!client.Alive()) Check(Error(EIO, "the daemon did not start; see " + dir.Sub("daemon.log")));
+  Subprocess daemon = StartBenchDaemon(layer);
+  launcher::LauncherClient client(dir.Sub("launcher.sock"));
   const json spec = {{"layers", {"bench:1"}}, {"store", store}};
   const json true_cmd = {{"argv", {"true"}}};
   auto exec_ok = [&](const std::string& id, const json& req) {
@@ -162,16 +153,7 @@ static int Body(int argc, char** argv) {
     RunCommand({.argv = {"crun", "delete", "--force", StrCat(tag, "idle-", i)}}).status().IgnoreError();
   });
 
-  daemon.Kill(SIGTERM);
-  daemon.Wait().status().IgnoreError();
-  RunCommand({.argv = {"pkill", "-TERM", "-f", "lazyfs daemon --socket " + dir.Sub("lazyfs.sock")}}).status().IgnoreError();
-  for (int i = 0; i < 500 && RunCommand({.argv = {"pgrep", "-f", "lazyfs daemon --socket " + dir.Sub("lazyfs.sock")}})->success(); ++i) {
-    ::usleep(10000);
-  }
-  for (const char* controller : {"blkio", "cpu", "cpuacct", "cpuset", "devices", "freezer", "hugetlb", "memory", "pids", "systemd", "unified"}) {
-    ::rmdir(StrCat("/sys/fs/cgroup/", controller, "/strata-bench").c_str());
-  }
-  ::rmdir("/sys/fs/cgroup/cpu/strata-bench-node");  // the daemon's own
+  StopBenchDaemon(daemon, layer);
 
   auto kib_each = [&](uint64_t a, uint64_t b) { return a > b ? static_cast<double>(a - b) / idle : 0.0; };
   const double ours_kib = kib_each(before, with_idle), crun_kib = kib_each(before_crun, with_crun);

@@ -26,17 +26,8 @@ static int Body(int argc, char** argv) {
   BusyboxLayer layer = PublishBusybox();
   const TempDir& dir = layer.dir;
 
-  const std::string launcher = SelfDir() + "/../../launcher/launcher";
-  const std::string socket = dir.Sub("launcher.sock");
-  const std::vector<std::string> env = {"STRATA_STORE=" + layer.store, "STRATA_LAZYFS_SOCKET=" + dir.Sub("lazyfs.sock"),
-                                        "STRATA_CACHE=" + dir.Sub("cache"), "STRATA_RUN_DIR=" + dir.Sub("run"),
-                                        "STRATA_CGROUP_PARENT=strata-bench"};
-  Subprocess daemon = Check(Subprocess::Start({.argv = {launcher, "serve", "--socket", socket, "--state", dir.Sub("state")},
-                                               .env = env, .stdout_mode = StdStream::kNull, .stderr_mode = StdStream::kFile,
-                                               .stderr_file = dir.Sub("daemon.log")}));
-  launcher::LauncherClient client(socket);
-  for (int i = 0; i < 500 && !client.Alive(); ++i) ::usleep(10000);
-  if (!client.Alive()) Check(Error(EIO, "the daemon did not start; see " + dir.Sub("daemon.log")));
+  Subprocess daemon = StartBenchDaemon(layer);
+  launcher::LauncherClient client(dir.Sub("launcher.sock"));
   const json spec = {{"layers", {"bench:1"}}, {"store", layer.store}};
   const json true_cmd = {{"argv", {"true"}}};
   auto exec_ok = [&](const std::string& id, const json& req) {
@@ -93,16 +84,7 @@ static int Body(int argc, char** argv) {
   flood.join();
   Check(client.Destroy(quiet));
 
-  daemon.Kill(SIGTERM);
-  daemon.Wait().status().IgnoreError();
-  RunCommand({.argv = {"pkill", "-TERM", "-f", "lazyfs daemon --socket " + dir.Sub("lazyfs.sock")}}).status().IgnoreError();
-  for (int i = 0; i < 500 && RunCommand({.argv = {"pgrep", "-f", "lazyfs daemon --socket " + dir.Sub("lazyfs.sock")}})->success(); ++i) {
-    ::usleep(10000);
-  }
-  for (const char* controller : {"blkio", "cpu", "cpuacct", "cpuset", "devices", "freezer", "hugetlb", "memory", "pids", "systemd", "unified"}) {
-    ::rmdir(StrCat("/sys/fs/cgroup/", controller, "/strata-bench").c_str());
-  }
-  ::rmdir("/sys/fs/cgroup/cpu/strata-bench-node");  // the daemon's own
+  StopBenchDaemon(daemon, layer);
 
   std::printf("isolation: exec true through the API, %d execs one at a time per row\n", execs);
   Table t({"measure", "p50 ms", "p99 ms", "baseline", "baseline p50 ms", "baseline p99 ms", "p50 +ms", "p99 ratio"});
