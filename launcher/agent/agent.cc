@@ -363,34 +363,36 @@ void KillDescendants() {
 [[noreturn]] void Shepherd(char** argv, char** envp, int error_fd, const std::vector<int>& cgroups, bool landlock) {
   ::prctl(PR_SET_CHILD_SUBREAPER, 1);
   ::prctl(PR_SET_DUMPABLE, 0);
-  int ready[2];
-  if (::pipe2(ready, O_CLOEXEC) != 0) FailStart(error_fd, StartStep::kFork, errno);
+  // The command waits until its pid is reported: once it runs, it may
+  // stop this process (kill -STOP $PPID), and the agent, waiting for the
+  // report, would wait for ever. Its own failures to start go on the
+  // error pipe after the report; the pipe ends at its exec.
+  int go[2];
+  if (::pipe2(go, O_CLOEXEC) != 0) FailStart(error_fd, StartStep::kFork, errno);
   pid_t cmd = ::fork();
   if (cmd < 0) FailStart(error_fd, StartStep::kFork, errno);
   if (cmd == 0) {
-    ::close(ready[0]);
-    ::close(error_fd);
+    ::close(go[1]);
+    char b;
+    while (::read(go[0], &b, 1) < 0 && errno == EINTR) {
+    }
+    ::close(go[0]);
     ::setpgid(0, 0);
     for (int fd : cgroups) {
-      if (::write(fd, "0", 1) != 1) FailStart(ready[1], StartStep::kCgroup, errno);
+      if (::write(fd, "0", 1) != 1) FailStart(error_fd, StartStep::kCgroup, errno);
     }
-    if (int e = landlock ? EnterLandlockDomain() : 0) FailStart(ready[1], StartStep::kLandlock, e);
+    if (int e = landlock ? EnterLandlockDomain() : 0) FailStart(error_fd, StartStep::kLandlock, e);
     ::environ = envp;
     ::execvp(argv[0], argv);
-    FailStart(ready[1], StartStep::kExec, errno);
+    FailStart(error_fd, StartStep::kExec, errno);
   }
-  ::close(ready[1]);
+  ::close(go[0]);
   for (int fd : cgroups) ::close(fd);
-  StartFailure failed{};
-  if (::read(ready[0], &failed, sizeof failed) == sizeof failed) {
-    ::waitpid(cmd, nullptr, 0);
-    FailStart(error_fd, failed.step, failed.err, failed.rule);
-  }
-  ::close(ready[0]);
   StartFailure started{StartStep::kStarted, cmd, -1};
   ssize_t w = ::write(error_fd, &started, sizeof started);
   (void)w;
   ::close(error_fd);
+  ::close(go[1]);
   for (int fd = 0; fd <= 2; ++fd) ::close(fd);  // the pipes end with the command's tree
   for (int s = 1; s < NSIG; ++s) {
     if (s != SIGKILL && s != SIGSTOP && s != SIGCHLD) ::signal(s, SIG_IGN);  // (a kill -TERM -1 from inside)
@@ -657,10 +659,29 @@ Result<Agent::Started> Agent::Start(const json& req, bool want_stdin) {
   err_pipe_w.reset();
   StartFailure failed{};
   started.group = pid;
-  const bool reported = ::read(err_pipe_r.get(), &failed, sizeof failed) == sizeof failed;
+  // (Another command may stop the child before it reports: it is
+  // continued while we wait.)
+  auto read_report = [&] {
+    for (;;) {
+      pollfd p{err_pipe_r.get(), POLLIN, 0};
+      int rc = ::poll(&p, 1, 100);
+      if (rc == 0) {
+        ::kill(pid, SIGCONT);
+        continue;
+      }
+      if (rc < 0 && errno == EINTR) continue;
+      ssize_t got;
+      while ((got = ::read(err_pipe_r.get(), &failed, sizeof failed)) < 0 && errno == EINTR) {
+      }
+      return got == sizeof failed;
+    }
+  };
+  bool reported = read_report();
   if (reported && failed.step == StartStep::kStarted) {
     started.group = failed.err;  // a shepherd's command, in a group of its own
-  } else if (reported) {
+    reported = read_report();    // then the command's own start
+  }
+  if (reported) {
     WaitChild(pid);
     std::string where = failed.step == StartStep::kExec ? "exec " + argv[0]
                         : failed.step == StartStep::kChdir ? StrCat("exec ", argv[0], ": working directory ", cwd)
@@ -695,7 +716,7 @@ json Agent::Pump(Started& c, int conn, const std::function<bool(int, std::string
   UniqueFd& in_w = c.in_w;
   if (in_w) ::fcntl(in_w.get(), F_SETFL, O_NONBLOCK);
   uint64_t sent[2] = {0, 0}, total[2] = {0, 0};
-  bool timed_out = false, conn_open = conn >= 0, emitting = true;
+  bool timed_out = false, conn_open = conn >= 0, emitting = true, killed = false;
   UniqueFd* pipes[2] = {&c.out_r, &c.err_r};
   std::vector<char> buf(64 * 1024);
   auto deadline = c.start + std::chrono::milliseconds(c.timeout_ms);
@@ -715,10 +736,13 @@ json Agent::Pump(Started& c, int conn, const std::function<bool(int, std::string
     // Take more from the launcher only when the last stdin piece is gone.
     if (conn_open && !writing) fds[n++] = {conn, POLLIN, 0};
     int wait_ms = 100;
+    // A stopped shepherd is continued until it has killed the tree and
+    // gone (a command may stop it again while it is being killed).
+    if (killed && !exited && c.group != pid) ::kill(pid, SIGCONT);
     if (c.timeout_ms > 0 && !timed_out) {
       auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count();
       if (left <= 0) {
-        timed_out = true;
+        timed_out = killed = true;
         KillCommand(c);
       } else {
         wait_ms = static_cast<int>(std::min<int64_t>(left, 100));
@@ -734,6 +758,7 @@ json Agent::Pump(Started& c, int conn, const std::function<bool(int, std::string
         std::string payload;
         if (!ReadFrame(conn, &type, &payload).ok()) {
           conn_open = false;  // the launcher went away: nobody wants the result
+          killed = true;
           KillCommand(c);
           continue;
         }
