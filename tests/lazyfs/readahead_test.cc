@@ -130,20 +130,25 @@ TEST_F(ReadaheadTest, OneReadIsNotAPatternAndAReaderThatJumpedAwayIsNotFollowed)
 
 TEST_F(ReadaheadTest, TheRecordedAccessListComesFirstAndReadaheadWaitsForIt) {
   store_->SetDelay(3ms);
-  // The list: every 10th extent, last first.
+  // The list: every 2nd extent, last first (long enough to outlast the
+  // reader below on a quiet machine).
   std::vector<uint32_t> list;
-  for (int i = kFiles - 10; i >= 0; i -= 10) list.push_back(static_cast<uint32_t>(i));
+  for (int i = kFiles - 2; i >= 0; i -= 2) list.push_back(static_cast<uint32_t>(i));
   layer_->Prefetch(list);
   // A sequential reader meanwhile: it gets its own extents (joining the
   // list's fetches where they meet) but no guesses while the list runs.
   for (size_t i = 0; i < 5; ++i) ReadExtent(i);
   LayerStats during = layer_->Stats();
-  EXPECT_EQ(during.readahead_fetches, 0u);
+  // (On a loaded machine the list may have ended first; then guesses may
+  // follow, and there is nothing to say.)
+  if (during.list_fetches + 3 < list.size()) {
+    EXPECT_EQ(during.readahead_fetches, 0u);
+  }
   Settle();
   std::set<size_t> fetched = Fetched();
   for (uint32_t i : list) EXPECT_TRUE(fetched.count(i)) << "listed extent " << i;
   LayerStats st = layer_->Stats();
-  EXPECT_GE(st.list_fetches, list.size() - 1);  // extent 0 may have been the reader's
+  EXPECT_GE(st.list_fetches, list.size() - 3);  // extents 0, 2 and 4 may have been the reader's
   EXPECT_EQ(st.read_errors, 0u);
 }
 
