@@ -11,6 +11,7 @@
 #include <sys/utsname.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -297,6 +298,54 @@ DoctorCheck CheckForwarding(bool fix) {
   return c;
 }
 
+// Kernel limits that thousands of sandboxes on one node reach (issue:
+// density). Each is raised, never lowered.
+struct NodeLimit {
+  const char* sysctl;
+  uint64_t want;
+  const char* why;
+};
+constexpr NodeLimit kNodeLimits[] = {
+    // Every sandbox's agent, its threads and what its commands run.
+    {"kernel/pid_max", 4194304, "processes of thousands of sandboxes"},
+    {"fs/inotify/max_user_instances", 65536, "inotify instances of the programs sandboxes run"},
+    {"fs/inotify/max_user_watches", 1048576, "inotify watches of the same"},
+    // Each sandbox's overlay, its binds and its commands' rule mounts.
+    {"fs/mount-max", 1000000, "mounts: a sandbox's overlay, binds and rule mounts"},
+};
+
+DoctorCheck CheckNodeLimits(bool fix) {
+  DoctorCheck c{"node limits", true, false, ""};
+  std::vector<std::string> low, raised;
+  for (const NodeLimit& l : kNodeLimits) {
+    const std::string path = StrCat("/proc/sys/", l.sysctl);
+    auto read = [&]() -> uint64_t {
+      auto v = ReadFileToString(path);
+      return v.ok() ? std::strtoull(v->c_str(), nullptr, 10) : 0;
+    };
+    std::string name = l.sysctl;
+    std::replace(name.begin(), name.end(), '/', '.');
+    if (read() >= l.want) continue;
+    if (fix) {
+      if (FILE* f = std::fopen(path.c_str(), "w")) {
+        std::fprintf(f, "%llu\n", static_cast<unsigned long long>(l.want));
+        std::fclose(f);
+      }
+      if (read() >= l.want) {
+        raised.push_back(StrCat(name, "=", l.want));
+        continue;
+      }
+    }
+    low.push_back(StrCat(name, "=", read(), " (want ", l.want, ": ", l.why, ")"));
+  }
+  c.ok = low.empty();
+  c.fixed = !raised.empty() && low.empty();
+  if (!low.empty()) c.detail = "too low for thousands of sandboxes: " + Join(low, "; ") + " (`launcher doctor --fix`)";
+  else if (!raised.empty()) c.detail = "raised " + Join(raised, ", ") + " (persist them in /etc/sysctl.d)";
+  else c.detail = "kernel limits hold thousands of sandboxes";
+  return c;
+}
+
 }  // namespace
 
 std::vector<DoctorCheck> RunDoctor(const NodeConfig& node, const DoctorOptions& options) {
@@ -315,6 +364,7 @@ std::vector<DoctorCheck> RunDoctor(const NodeConfig& node, const DoctorOptions& 
   checks.push_back(CheckLandlock());
   checks.push_back(CheckUppers(node, options));
   checks.push_back(CheckForwarding(options.fix));
+  checks.push_back(CheckNodeLimits(options.fix));
   bool agent = !node.agent_binary.empty() && ::access(node.agent_binary.c_str(), X_OK) == 0;
   checks.push_back({"agent", agent, false, agent ? node.agent_binary : "strata-agent not found (set STRATA_AGENT)"});
   return checks;

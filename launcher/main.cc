@@ -356,6 +356,18 @@ int main(int argc, char** argv) {
   auto* destroy = app.add_subcommand("destroy", "remove a sandbox and everything it made");
   destroy->add_option("ID", id)->required();
   client_flags(destroy);
+  auto* warm = app.add_subcommand("warm", "keep N sandboxes of a layer stack ready (a warm pool); without --layer, list the pools");
+  int warm_size = -1;
+  warm->add_option("--layer", spec.layers, "layer REF, bottom first");
+  warm->add_option("--store", spec.store, "store URL (default: the daemon's)");
+  warm->add_option("--size", warm_size, "ready sandboxes to keep (0 removes the pool)");
+  warm->add_option("--cpus", cpus, "CPU quota in cores");
+  warm->add_option("--memory", memory, "memory limit, e.g. 512M");
+  warm->add_option("--pids", pids, "process limit");
+  warm->add_option("--disk", disk, "size cap of the writable layer")->capture_default_str();
+  warm->add_option("--net", net, "none (the default), allow or open");
+  warm->add_option("--allow", allow, "with --net allow: DOMAIN, *.DOMAIN, ADDR or CIDR[:PORT] (repeatable)");
+  client_flags(warm);
   auto* ls = app.add_subcommand("ls", "list the daemon's sandboxes");
   ls->add_flag("--json", as_json, "print JSON");
   client_flags(ls);
@@ -454,7 +466,7 @@ int main(int argc, char** argv) {
   }
 
   if (!runtime.empty()) node.runtime = runtime;
-  if (run->parsed() || create->parsed()) {
+  if (run->parsed() || create->parsed() || warm->parsed()) {
     auto policy = NetPolicy::FromFlags(net, allow);
     if (!policy.ok()) return Fail(policy.status().Annotate("--net/--allow"));
     spec.network = *policy;
@@ -555,6 +567,13 @@ int main(int argc, char** argv) {
     auto r = client.Snapshot(id, tag, include_denied);
     if (!r.ok()) return Fail(r.status());
     std::printf("%s\n", (*r)["digest"].get<std::string>().c_str());
+    return 0;
+  }
+  if (warm->parsed()) {
+    if (spec.layers.empty() != (warm_size < 0)) return Fail(Error(EINVAL, "warm: give --layer and --size to set a pool, neither to list them"));
+    auto r = spec.layers.empty() ? client.WarmPools() : client.SetWarmPool(SpecJson(spec), warm_size);
+    if (!r.ok()) return Fail(r.status().Annotate("warm"));
+    std::printf("%s\n", r->dump(2).c_str());
     return 0;
   }
   if (ls->parsed()) {

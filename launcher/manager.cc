@@ -11,6 +11,7 @@
 #include <set>
 
 #include "common/fs.h"
+#include "common/hash.h"
 #include "common/log.h"
 #include "common/strings.h"
 #include "lazyfs/client.h"
@@ -36,6 +37,36 @@ std::string PoolKey(const SandboxSpec& spec, const std::string& owner) {
                 "|", spec.limits.pids, "|", spec.network.ToJson().dump());
 }
 
+// Warm pools: what a ready sandbox must match (the rest a take assigns).
+std::string WarmKey(const SandboxSpec& spec) {
+  return StrCat(Join(spec.layers, ","), "|", cache::DefaultStoreUrl(spec.store), "|", spec.limits.cpus, "|", spec.limits.memory, "|",
+                spec.limits.pids, "|", spec.disk, "|", spec.network.ToJson().dump());
+}
+
+json WarmSpecJson(const SandboxSpec& spec) {
+  return {{"layers", spec.layers}, {"store", spec.store},  {"cpus", spec.limits.cpus}, {"memory", spec.limits.memory},
+          {"pids", spec.limits.pids}, {"disk", spec.disk}, {"network", spec.network.ToJson()}};
+}
+
+Result<SandboxSpec> WarmSpecFromJson(const json& j) {
+  SandboxSpec spec;
+  try {
+    spec.layers = j.at("layers").get<std::vector<std::string>>();
+    spec.store = j.value("store", "");
+    spec.limits.cpus = j.value("cpus", 0.0);
+    spec.limits.memory = j.value("memory", uint64_t{0});
+    spec.limits.pids = j.value("pids", int64_t{0});
+    spec.disk = j.value("disk", uint64_t{10} << 30);
+  } catch (const json::exception& e) {
+    return Error(EINVAL, StrCat("warm pool spec: ", e.what()));
+  }
+  STRATA_ASSIGN_OR_RETURN(spec.network, NetPolicy::FromJson(j.value("network", json())));
+  return spec;
+}
+
+constexpr int kWarmFillers = 2;     // sandboxes made at once for pools
+constexpr int kWarmMaxSize = 4096;
+
 json CallSpecJson(const SandboxSpec& spec) {
   return {{"layers", spec.layers}, {"env", spec.env}, {"workdir", spec.workdir}, {"files", spec.files.ToJson()}};
 }
@@ -59,6 +90,7 @@ Result<std::unique_ptr<SandboxManager>> SandboxManager::Open(NodeConfig node, co
   if (!s.ok()) return s.Annotate("recover sandboxes from " + state_dir);
   STRATA_ASSIGN_OR_RETURN(m->keys_, IdempotencyKeys::Open(JoinPath(state_dir, "keys")));
   m->keys_->Expire();
+  for (int i = 0; i < kWarmFillers; ++i) m->fillers_.emplace_back([p = m.get()] { p->FillWarm(); });
   m->reaper_ = std::thread([p = m.get()] {
     std::unique_lock lock(p->pools_mu_);
     int rounds = 0;
@@ -80,6 +112,16 @@ SandboxManager::~SandboxManager() {
   }
   reaper_cv_.notify_all();
   if (reaper_.joinable()) reaper_.join();
+  {
+    std::lock_guard lock(warm_mu_);
+    warm_stopping_ = true;
+  }
+  warm_cv_.notify_all();
+  for (auto& t : fillers_) t.join();
+  // Ready warm sandboxes, like the others, are adopted again by the next daemon.
+  for (auto& [key, pool] : warm_) {
+    for (auto& sb : pool->ready) sb->Release();
+  }
   // Idle pools are only a cache: they go. Sandboxes outlive the daemon (a
   // restart re-adopts them): the objects just let go.
   ReapPools(true);
@@ -104,6 +146,11 @@ json SandboxManager::Entry::Info() const {
   };
   if (sandbox) {
     json info = sandbox->Info();
+    if (!warm_pool.empty()) {
+      info["id"] = id;
+      info["warm_pool"] = warm_pool;
+      info["internal_id"] = sandbox->id();
+    }
     if (!owner.empty()) info["tenant"] = owner;
     return with_ttl(info);
   }
@@ -182,12 +229,31 @@ Status SandboxManager::Recover() {
       records.emplace_back(std::string(k), json::parse(v, nullptr, false));
     }
   }
-  // Function-call pools first (their users attach to them), then the
-  // sandboxes.
-  std::stable_partition(records.begin(), records.end(),
-                        [](const auto& r) { return r.second.is_object() && r.second.value("kind", "") == "pool"; });
+  // Pools first (function-call sandboxes attach to theirs, ready warm
+  // sandboxes to theirs), then the sandboxes.
+  auto rank = [](const json& r) {
+    const std::string kind = r.is_object() ? r.value("kind", "") : "";
+    return kind == "pool" || kind == "warm-pool" ? 0 : kind == "warm" ? 1 : 2;
+  };
+  std::stable_sort(records.begin(), records.end(), [&](const auto& a, const auto& b) { return rank(a.second) < rank(b.second); });
   for (auto& [id, record] : records) {
     const std::string status = record.is_object() ? record.value("status", "") : "";
+    const std::string kind = record.is_object() ? record.value("kind", "") : "";
+    if (kind == "warm-pool") {
+      auto spec = WarmSpecFromJson(record.value("spec", json::object()));
+      if (!spec.ok()) {
+        STRATA_LOG(kWarn) << "removing warm pool " << id << ": " << spec.status().ToString();
+        STRATA_RETURN_IF_ERROR(Forget(id));
+        continue;
+      }
+      auto pool = std::make_shared<WarmPool>();
+      pool->key = WarmKey(*spec);
+      pool->name = record.value("name", "");
+      pool->spec = std::move(*spec);
+      pool->size = record.value("size", 0);
+      warm_[pool->key] = pool;
+      continue;
+    }
     if (record.is_object() && record.value("backend", "") == "fncall") {
       std::shared_ptr<Pool> pool;
       for (auto& [key, p] : pools_) {
@@ -224,7 +290,19 @@ Status SandboxManager::Recover() {
       }
       continue;
     }
-    auto sandbox = Sandbox::Adopt(id, node_);
+    // A sandbox taken from a warm pool has an id of its own underneath.
+    const std::string internal = record.is_object() ? record.value("internal", id) : id;
+    auto sandbox = Sandbox::Adopt(internal, node_);
+    if (sandbox.ok() && status == "running" && kind == "warm" && (*sandbox)->Alive()) {
+      std::shared_ptr<WarmPool> pool;
+      for (auto& [key, p] : warm_) {
+        if (p->name == record.value("pool", "")) pool = p;
+      }
+      if (pool) {
+        pool->ready.push_back(std::move(*sandbox));
+        continue;
+      }
+    }
     if (sandbox.ok() && status == "running" && record.value("kind", "") == "pool" && (*sandbox)->Alive()) {
       auto pool = std::make_shared<Pool>();
       pool->key = record.value("key", "");
@@ -234,9 +312,10 @@ Status SandboxManager::Recover() {
       STRATA_LOG(kInfo) << "re-adopted function-call pool " << id;
       continue;
     }
-    if (sandbox.ok() && status == "running" && record.value("kind", "") != "pool" && (*sandbox)->Alive()) {
+    if (sandbox.ok() && status == "running" && kind != "pool" && kind != "warm" && (*sandbox)->Alive()) {
       auto entry = std::make_shared<Entry>();
       entry->id = id;
+      entry->warm_pool = record.value("warm", "");
       entry->owner = record.value("owner", "");
       entry->ttl = record.value("ttl", int64_t{0});
       entry->last_call_ms = NowMs();
@@ -250,18 +329,26 @@ Status SandboxManager::Recover() {
     // runtime the dead daemon started, which would finish creating it.
     STRATA_LOG(kWarn) << "removing sandbox " << id << " (" << (status.empty() ? "unknown" : status)
                       << (sandbox.ok() ? ", agent gone" : ", state lost") << ")";
-    KillRuntimeStragglers(JoinPath(node_.run_dir, id));
+    KillRuntimeStragglers(JoinPath(node_.run_dir, internal));
     if (sandbox.ok()) {
       Status s = (*sandbox)->Destroy();
       if (!s.ok()) STRATA_LOG(kWarn) << "remove sandbox " << id << ": " << s.ToString();
     } else {
-      RunCommand({.argv = {node_.runtime, "delete", "--force", id}, .timeout = std::chrono::seconds(10)}).status().IgnoreError();
+      RunCommand({.argv = {node_.runtime, "delete", "--force", internal}, .timeout = std::chrono::seconds(10)}).status().IgnoreError();
       if (auto uppers = UpperStore::Open(node_.uppers); uppers.ok()) {
-        if (auto v = uppers->Adopt(id); v.ok()) v->Destroy().IgnoreError();
+        if (auto v = uppers->Adopt(internal); v.ok()) v->Destroy().IgnoreError();
       }
     }
     STRATA_RETURN_IF_ERROR(Forget(id));
     ++recovery_.removed;
+  }
+  // What the sandboxes kept are called on the node (run directories,
+  // upper volumes).
+  std::set<std::string> known;
+  for (auto& [id, e] : sandboxes_) known.insert(e->sandbox ? e->sandbox->id() : id);
+  for (auto& [key, p] : pools_) known.insert(p->warm->id());
+  for (auto& [key, p] : warm_) {
+    for (auto& sb : p->ready) known.insert(sb->id());
   }
   // Sandbox directories of this daemon's sandboxes that the registry does not
   // know (a crash between making them and recording them).
@@ -269,9 +356,7 @@ Status SandboxManager::Recover() {
     std::vector<std::string> orphans;
     while (dirent* e = ::readdir(dir)) {
       std::string name = e->d_name;
-      bool pool = false;
-      for (auto& [key, p] : pools_) pool |= p->warm->id() == name;
-      if (name.starts_with("sb-") && !sandboxes_.count(name) && !pool) orphans.push_back(name);
+      if (name.starts_with("sb-") && !known.count(name)) orphans.push_back(name);
     }
     ::closedir(dir);
     for (const auto& id : orphans) {
@@ -300,7 +385,7 @@ Status SandboxManager::Recover() {
   // without its sandbox directory belongs to a sandbox that is gone).
   if (auto uppers = UpperStore::Open(node_.uppers); uppers.ok()) {
     for (const auto& name : uppers->List().value_or({})) {
-      if (!name.starts_with("sb-") || sandboxes_.count(name)) continue;
+      if (!name.starts_with("sb-") || known.count(name)) continue;
       if (::access(JoinPath(node_.run_dir, name).c_str(), F_OK) == 0) continue;
       if (auto v = uppers->Adopt(name); v.ok()) {
         STRATA_LOG(kWarn) << "removing upper volume " << name << " of a sandbox that is gone";
@@ -399,6 +484,8 @@ Result<json> SandboxManager::Create(SandboxSpec spec, const std::string& owner) 
   if (!spec.id.empty() && Exists(spec.id)) return Error(EEXIST, StrCat("sandbox ", spec.id, " exists"));
   if (spec.backend == "fncall") return CreateCall(std::move(spec), owner);
   if (spec.id.empty()) spec.id = NewSandboxId();
+  STRATA_ASSIGN_OR_RETURN(auto taken, TakeWarm(spec, owner));
+  if (taken) return std::move(*taken);
   const std::string id = spec.id;
   // Recorded before anything exists, so a crash in the middle is cleaned up.
   STRATA_RETURN_IF_ERROR(Record(id, {{"status", "creating"}, {"created", ::time(nullptr)}, {"owner", owner}}));
@@ -427,6 +514,233 @@ Result<json> SandboxManager::Create(SandboxSpec spec, const std::string& owner) 
   }
   ++creations_;
   return entry->Info();
+}
+
+// --- warm pools -------------------------------------------------------------
+
+json SandboxManager::WarmPool::Info() const {
+  json j = WarmSpecJson(spec);
+  j["name"] = name;
+  j["size"] = size;
+  j["ready"] = ready.size();
+  j["filling"] = filling;
+  j["taken"] = taken;
+  j["made"] = made;
+  j["failures"] = failures;
+  j["shed"] = shed;
+  if (!last_error.empty()) j["last_error"] = last_error;
+  return j;
+}
+
+Status SandboxManager::RecordWarmPool(const WarmPool& pool) {
+  if (pool.size == 0) return Forget("warm:" + pool.name);
+  return Record("warm:" + pool.name, {{"kind", "warm-pool"}, {"name", pool.name}, {"size", pool.size}, {"spec", WarmSpecJson(pool.spec)}});
+}
+
+void SandboxManager::SetWarmAdmission(std::function<WarmVerdict(size_t)> admit) {
+  {
+    std::lock_guard lock(warm_mu_);
+    warm_admit_ = std::move(admit);
+  }
+  warm_cv_.notify_all();
+}
+
+Result<json> SandboxManager::SetWarmPool(SandboxSpec spec, int size) {
+  if (spec.backend != "container") {
+    return Error(EINVAL, "warm pool: only container sandboxes are pooled (function calls share one warm sandbox already)");
+  }
+  if (spec.layers.empty()) return Error(EINVAL, "warm pool: no layers");
+  if (size < 0 || size > kWarmMaxSize) return Error(EINVAL, StrCat("warm pool: size must be from 0 to ", kWarmMaxSize));
+  if (spec.network.mode == NetMode::kHost) return Error(EINVAL, "warm pool: a pool does not share the host's network");
+  // The layers must resolve now, not in the background.
+  {
+    STRATA_ASSIGN_OR_RETURN(auto store, cache::OpenStore(cache::DefaultStoreUrl(spec.store)));
+    cache::Catalog catalog(store);
+    STRATA_RETURN_IF_ERROR(catalog.ResolveStack(spec.layers).status().Annotate("warm pool"));
+  }
+  const std::string key = WarmKey(spec);
+  json info;
+  {
+    std::lock_guard lock(warm_mu_);
+    auto& pool = warm_[key];
+    if (!pool) {
+      pool = std::make_shared<WarmPool>();
+      pool->key = key;
+      pool->name = "wp-" + HashBytes(key).Hex().substr(0, 12);
+      pool->spec = spec;
+      pool->spec.env.clear();
+      pool->spec.files = {};
+      pool->spec.id.clear();
+      pool->spec.ttl_seconds = 0;
+    }
+    const int old_size = pool->size;
+    pool->size = size;
+    if (Status s = RecordWarmPool(*pool); !s.ok()) {
+      pool->size = old_size;
+      return s.Annotate("warm pool " + pool->name);
+    }
+    info = pool->Info();
+    // (A pool of size 0 stays in the map until its ready sandboxes are gone.)
+  }
+  warm_cv_.notify_all();
+  return info;
+}
+
+json SandboxManager::WarmPools() {
+  json out = json::array();
+  std::lock_guard lock(warm_mu_);
+  for (auto& [key, pool] : warm_) {
+    if (pool->size > 0 || !pool->ready.empty() || pool->filling > 0) out.push_back(pool->Info());
+  }
+  return out;
+}
+
+Result<std::optional<json>> SandboxManager::TakeWarm(const SandboxSpec& spec, const std::string& owner) {
+  if (spec.backend != "container") return std::optional<json>();
+  const std::string key = WarmKey(spec);
+  std::shared_ptr<WarmPool> pool;
+  std::shared_ptr<Sandbox> sb;
+  while (true) {
+    {
+      std::lock_guard lock(warm_mu_);
+      auto it = warm_.find(key);
+      if (it == warm_.end() || it->second->ready.empty()) return std::optional<json>();
+      pool = it->second;
+      sb = std::move(pool->ready.front());
+      pool->ready.pop_front();
+    }
+    warm_cv_.notify_all();  // a filler makes the next one
+    if (sb->Alive()) break;
+    // Its agent died while it waited (killed, out of memory): the next one.
+    STRATA_LOG(kWarn) << "warm pool " << pool->name << ": sandbox " << sb->id() << " does not answer; removing it";
+    sb->Destroy().IgnoreError();
+    Forget(sb->id()).IgnoreError();
+  }
+  auto give_back = [&](const Status& s) {
+    STRATA_LOG(kWarn) << "warm pool " << pool->name << ": take " << sb->id() << ": " << s.ToString();
+    sb->Destroy().IgnoreError();
+    Forget(sb->id()).IgnoreError();
+    return s;
+  };
+  if (Status s = sb->Assign(spec); !s.ok()) return give_back(s);
+  {
+    // One transaction: the sandbox is the pool's or the create's, never both.
+    const json record = {{"status", "running"}, {"created", ::time(nullptr)}, {"owner", owner}, {"ttl", spec.ttl_seconds},
+                         {"internal", sb->id()}, {"warm", pool->name}};
+    auto txn = LmdbTxn::Begin(env_, false);
+    if (!txn.ok()) return give_back(txn.status());
+    Status s = txn->Put(db_, spec.id, record.dump()).status();
+    if (s.ok()) s = txn->Del(db_, sb->id()).status();
+    if (s.ok()) s = txn->Commit();
+    if (!s.ok()) return give_back(s.Annotate("record sandbox " + spec.id));
+  }
+  auto entry = std::make_shared<Entry>();
+  entry->id = spec.id;
+  entry->warm_pool = pool->name;
+  entry->owner = owner;
+  entry->ttl = spec.ttl_seconds;
+  entry->last_call_ms = NowMs();
+  entry->sandbox = std::move(sb);
+  {
+    std::lock_guard lock(mu_);
+    sandboxes_[spec.id] = entry;
+  }
+  {
+    std::lock_guard lock(warm_mu_);
+    ++pool->taken;
+  }
+  ++creations_;
+  return std::optional<json>(entry->Info());
+}
+
+// Each filler thread: picks a pool short of ready sandboxes and makes one,
+// or removes one no pool wants (a pool shrunk or removed, memory short).
+void SandboxManager::FillWarm() {
+  std::unique_lock lock(warm_mu_);
+  while (!warm_stopping_) {
+    size_t held = 0;
+    for (auto& [key, p] : warm_) held += p->ready.size() + static_cast<size_t>(p->filling);
+    WarmVerdict verdict;
+    if (warm_admit_) {
+      lock.unlock();
+      verdict = warm_admit_(held);
+      lock.lock();
+      if (warm_stopping_) break;
+    }
+    // Surplus first: a shrunk pool's, or any under memory pressure.
+    std::shared_ptr<Sandbox> surplus;
+    std::shared_ptr<WarmPool> from;
+    for (auto& [key, p] : warm_) {
+      if (!p->ready.empty() && (static_cast<int>(p->ready.size()) > p->size || verdict.shed)) {
+        surplus = std::move(p->ready.back());
+        p->ready.pop_back();
+        from = p;
+        if (verdict.shed) ++p->shed;
+        break;
+      }
+    }
+    if (surplus) {
+      lock.unlock();
+      const std::string id = surplus->id();
+      Status s = surplus->Destroy();
+      if (!s.ok()) STRATA_LOG(kWarn) << "warm pool " << from->name << ": remove " << id << ": " << s.ToString();
+      Forget(id).IgnoreError();
+      surplus.reset();
+      lock.lock();
+      continue;
+    }
+    std::erase_if(warm_, [](const auto& kv) { return kv.second->size == 0 && kv.second->ready.empty() && kv.second->filling == 0; });
+    const auto now = std::chrono::steady_clock::now();
+    std::shared_ptr<WarmPool> pool;
+    if (verdict.status.ok()) {
+      for (auto& [key, p] : warm_) {
+        const int have = static_cast<int>(p->ready.size()) + p->filling;
+        if (have < p->size && now >= p->retry_at && (!pool || have < static_cast<int>(pool->ready.size()) + pool->filling)) pool = p;
+      }
+    }
+    if (!pool) {
+      // (Woken by a take, a new size or the admission; else a look every
+      // half second: memory comes and goes.)
+      warm_cv_.wait_for(lock, std::chrono::milliseconds(500));
+      continue;
+    }
+    ++pool->filling;
+    SandboxSpec spec = pool->spec;
+    lock.unlock();
+    spec.id = NewSandboxId();
+    Status s = Record(spec.id, {{"status", "creating"}, {"kind", "warm"}, {"pool", pool->name}});
+    std::shared_ptr<Sandbox> made;
+    if (s.ok()) {
+      auto sb = Sandbox::Create(spec, node_);
+      if (sb.ok()) {
+        made = std::move(*sb);
+        s = Record(spec.id, {{"status", "running"}, {"kind", "warm"}, {"pool", pool->name}});
+        if (!s.ok()) {
+          made->Destroy().IgnoreError();
+          made.reset();
+        }
+      } else {
+        s = sb.status();
+      }
+      if (!made) Forget(spec.id).IgnoreError();
+    }
+    lock.lock();
+    --pool->filling;
+    if (made) {
+      ++pool->made;
+      pool->ready.push_back(std::move(made));  // (a surplus goes in the next round)
+      pool->retry_at = {};
+      pool->streak = 0;
+      pool->last_error.clear();
+    } else {
+      ++pool->failures;
+      ++pool->streak;
+      pool->last_error = s.ToString();
+      // Backs off: a pool whose layers went away must not spin.
+      pool->retry_at = std::chrono::steady_clock::now() + std::chrono::seconds(int64_t{1} << std::min(pool->streak - 1, 5));
+      STRATA_LOG(kWarn) << "warm pool " << pool->name << ": " << s.ToString();
+    }
+  }
 }
 
 Result<std::shared_ptr<SandboxManager::Entry>> SandboxManager::Find(const std::string& id) {
@@ -831,6 +1145,13 @@ std::string SandboxManager::Metrics() {
   }
   out += "# HELP strata_fncall_pools Warm function-call pools.\n# TYPE strata_fncall_pools gauge\n";
   out += StrCat("strata_fncall_pools ", pools, "\n");
+  {
+    std::lock_guard lock(warm_mu_);
+    out += "# HELP strata_warm_ready Ready sandboxes of warm pools, by pool.\n# TYPE strata_warm_ready gauge\n";
+    for (auto& [key, p] : warm_) out += StrCat("strata_warm_ready{pool=\"", p->name, "\"} ", p->ready.size(), "\n");
+    out += "# HELP strata_warm_taken_total Creations served by a warm pool, by pool.\n# TYPE strata_warm_taken_total counter\n";
+    for (auto& [key, p] : warm_) out += StrCat("strata_warm_taken_total{pool=\"", p->name, "\"} ", p->taken, "\n");
+  }
   out += "# HELP strata_sandbox_creations_total Sandboxes created.\n# TYPE strata_sandbox_creations_total counter\n";
   out += StrCat("strata_sandbox_creations_total ", creations_.load(), "\n");
   out += "# HELP strata_sandbox_creation_failures_total Sandbox creations that failed.\n# TYPE strata_sandbox_creation_failures_total counter\n";

@@ -7,6 +7,8 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -89,6 +91,23 @@ class SandboxManager {
   std::string Metrics();
   const NodeConfig& node() const { return node_; }
 
+  // Warm pools: sandboxes made ahead of time for a layer stack, limits and
+  // network, so a create that matches takes one at once (it gets the
+  // create's id, env, workdir, file rules and ttl; its upper is unused).
+  // Refilled in the background while `WarmAdmission` allows; they give way
+  // (their ready sandboxes go) when it says the node is short of memory.
+  // Size 0 removes a pool. Returns the pool's description.
+  Result<nlohmann::json> SetWarmPool(SandboxSpec spec, int size);
+  nlohmann::json WarmPools();
+  // Whether the node has room for one more warm sandbox: OK, or why not
+  // (`shed`: memory is short, so ready ones should go too). Set by the
+  // API server, which owns the node's admission settings.
+  struct WarmVerdict {
+    Status status;
+    bool shed = false;
+  };
+  void SetWarmAdmission(std::function<WarmVerdict(size_t held)> admit);
+
   // Recovery report of Open() (for logs and tests).
   struct Recovery {
     int adopted = 0;
@@ -107,12 +126,29 @@ class SandboxManager {
     int users = 0;
     std::chrono::steady_clock::time_point idle_since;
   };
+  // A warm pool (above). Ready sandboxes are recorded under their own
+  // (internal) ids with kind "warm"; a taken one is recorded under the
+  // create's id with its internal one beside it.
+  struct WarmPool {
+    std::string name;  // "wp-" and a hash of the key
+    std::string key;
+    SandboxSpec spec;
+    int size = 0;
+    std::deque<std::shared_ptr<Sandbox>> ready;
+    int filling = 0;
+    uint64_t taken = 0, made = 0, failures = 0, shed = 0;
+    int streak = 0;  // failures in a row (the back-off)
+    std::string last_error;
+    std::chrono::steady_clock::time_point retry_at{};
+    nlohmann::json Info() const;
+  };
   struct Entry {
     std::mutex mu;  // serializes lifecycle changes (pause, resume, destroy)
     std::shared_ptr<Sandbox> sandbox;  // container back end (an exec keeps a copy)
     std::shared_ptr<Pool> pool;        // fncall back end
     SandboxSpec spec;                  // fncall: the caller's (env, workdir)
     std::string id;
+    std::string warm_pool;  // the warm pool it was taken from (its sandbox has an id of its own)
     std::string owner;  // tenant; "" for the operator's
     int64_t created = 0;
     int64_t ttl = 0;    // seconds after the last call; 0: none
@@ -137,6 +173,13 @@ class SandboxManager {
   void ReapPools(bool all);
   // Destroys sandboxes whose ttl passed.
   void ReapExpired();
+  // A ready sandbox of the pool that matches `spec`, made the create's;
+  // null when none is ready.
+  Result<std::optional<nlohmann::json>> TakeWarm(const SandboxSpec& spec, const std::string& owner);
+  // The warm pools' background work: fills them, and removes what no pool
+  // wants any more (shrunk, removed, memory short).
+  void FillWarm();
+  Status RecordWarmPool(const WarmPool& pool);
   Result<std::shared_ptr<Entry>> Find(const std::string& id);
   // The entry's container sandbox, or an error naming why there is none.
   static Result<std::shared_ptr<Sandbox>> Container(Entry& entry, const char* what);
@@ -153,6 +196,12 @@ class SandboxManager {
   // Pools whose warm sandbox died while sandboxes still used them: no new
   // user joins; removed once the last one is destroyed.
   std::vector<std::shared_ptr<Pool>> retired_;
+  std::mutex warm_mu_;  // taken after mu_ when both are needed
+  std::map<std::string, std::shared_ptr<WarmPool>> warm_;  // by key
+  std::function<WarmVerdict(size_t)> warm_admit_;
+  std::condition_variable warm_cv_;
+  std::vector<std::thread> fillers_;
+  bool warm_stopping_ = false;
   std::thread reaper_;
   std::condition_variable reaper_cv_;
   bool stopping_ = false;

@@ -166,6 +166,19 @@ Result<json> LauncherClient::List() {
   return ParseJson(body);
 }
 
+Result<json> LauncherClient::SetWarmPool(const json& spec, int size) {
+  json body = spec;
+  body["size"] = size;
+  STRATA_ASSIGN_OR_RETURN(std::string answer, Call("POST", "/v1/warm", body.dump()));
+  return ParseJson(answer);
+}
+
+Result<json> LauncherClient::WarmPools() {
+  STRATA_ASSIGN_OR_RETURN(std::string body, Call("GET", "/v1/warm", ""));
+  STRATA_ASSIGN_OR_RETURN(json j, ParseJson(body));
+  return j.value("pools", json::array());
+}
+
 Result<std::string> LauncherClient::Metrics() { return Call("GET", "/metrics", ""); }
 
 }  // namespace strata::launcher

@@ -55,6 +55,10 @@ class LauncherClient {
   Result<nlohmann::json> List();
   Result<nlohmann::json> Info(const std::string& id);
   Result<std::string> Metrics();
+  // Warm pools (the operator's): keeps `size` sandboxes of `spec` ready
+  // (0 removes the pool); the pools and their counters.
+  Result<nlohmann::json> SetWarmPool(const nlohmann::json& spec, int size);
+  Result<nlohmann::json> WarmPools();
 
   // Any call, with extra headers ("Idempotency-Key: k"), every status
   // returned as it is (for tests, benchmarks and the SDK's model).

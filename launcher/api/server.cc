@@ -36,6 +36,8 @@ namespace {
 // Most sandboxes one bulk create makes, and how many it makes at once.
 constexpr int kMaxBulk = 1000;
 constexpr int kBulkParallel = 8;
+// Warm pools stop filling this far above the memory reserve.
+constexpr uint64_t kWarmMemoryMargin = uint64_t{256} << 20;
 // Bounds of numbers a request gives (beyond them conversions overflow).
 constexpr int64_t kMaxTtlSeconds = int64_t{10} * 365 * 24 * 3600;
 constexpr int64_t kMaxTimeoutSeconds = int64_t{365} * 24 * 3600;
@@ -323,6 +325,25 @@ const char* ContentType(ExecFormat f) {
 Result<std::unique_ptr<LauncherServer>> LauncherServer::Start(const ServeOptions& options, SandboxManager& manager,
                                                               std::vector<std::string>* warnings) {
   std::unique_ptr<LauncherServer> s(new LauncherServer(options, manager));
+  // Warm pools fill within the node's admission limits and give way first:
+  // their ready sandboxes go when memory falls below the reserve, or when
+  // sandboxes in use and ready ones pass --max-sandboxes.
+  manager.SetWarmAdmission([max = options.max_sandboxes, reserve = options.memory_reserve, m = &manager](size_t held) {
+    SandboxManager::WarmVerdict v;
+    const int64_t in_use = static_cast<int64_t>(m->Count());
+    if (max > 0 && in_use + static_cast<int64_t>(held) >= max) {
+      v.status = Error(EAGAIN, StrCat("node full (--max-sandboxes ", max, ")"));
+      v.shed = in_use + static_cast<int64_t>(held) > max;
+    }
+    if (reserve > 0) {
+      const uint64_t available = MemAvailable();
+      if (available < reserve + kWarmMemoryMargin) {
+        v.status = Error(ENOMEM, StrCat("memory available ", FormatBytes(available), " is near the reserve ", FormatBytes(reserve)));
+        v.shed |= available < reserve;
+      }
+    }
+    return v;
+  });
   if (!options.tokens_file.empty() && !options.legacy_token_file.empty()) {
     return Error(EINVAL, "serve: give --tokens or the old --token-file, not both");
   }
@@ -520,6 +541,18 @@ Response LauncherServer::Route(const Request& req, const Caller& caller) {
   json body = json::parse(req.body.empty() ? "{}" : req.body, nullptr, false);
   if (body.is_discarded() || !body.is_object()) {
     return Fail(Error(EINVAL, "request body is not a JSON object (or not valid UTF-8)"));
+  }
+  if (req.path == "/v1/warm") {
+    if (!caller.is_operator) return Fail(Error(EPERM, "warm pools: only the node's operator sets and lists them"));
+    if (req.method == "GET") return Json({{"pools", manager_.WarmPools()}});
+    if (req.method == "POST") {
+      auto spec = ParseSpec(body);
+      if (!spec.ok()) return Fail(spec.status().Annotate("warm pool"));
+      if (!body.contains("size") || !body["size"].is_number_integer()) return Fail(Error(EINVAL, "warm pool: size (a whole number) is required"));
+      if (spec->store.empty() && !options_.stores.empty()) spec->store = options_.stores[0];
+      auto info = manager_.SetWarmPool(std::move(*spec), body["size"].get<int>());
+      return info.ok() ? Json(*info) : Fail(info.status());
+    }
   }
   if (req.path == "/v1/sandboxes") {
     if (req.method == "GET") return Json(manager_.List(caller.is_operator ? std::nullopt : std::optional(caller.scope())));

@@ -25,6 +25,25 @@ namespace strata::launcher {
 
 using nlohmann::json;
 
+namespace {
+
+// The spec as state.json keeps it (Adopt reads it back).
+json SpecState(const SandboxSpec& spec) {
+  return {{"layers", spec.layers},
+          {"backend", spec.backend},
+          {"cpus", spec.limits.cpus},
+          {"memory", spec.limits.memory},
+          {"pids", spec.limits.pids},
+          {"disk", spec.disk},
+          {"network", spec.network.ToJson()},
+          {"env", spec.env},
+          {"workdir", spec.workdir},
+          {"files", spec.files.ToJson()},
+          {"kill_leftovers", spec.kill_leftovers}};
+}
+
+}  // namespace
+
 std::string NewSandboxId() {
   static std::mt19937_64 rng{(static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}() ^
                              static_cast<uint64_t>(::getpid())};
@@ -207,17 +226,7 @@ Status Sandbox::Start(const SandboxSpec& spec) {
                 {"cgroup", node_.cgroup_parent + "/" + id_},
                 {"store", store_url_},
                 {"created", created_},
-                {"spec", {{"layers", spec.layers},
-                          {"backend", spec.backend},
-                          {"cpus", spec.limits.cpus},
-                          {"memory", spec.limits.memory},
-                          {"pids", spec.limits.pids},
-                          {"disk", spec.disk},
-                          {"network", spec.network.ToJson()},
-                          {"env", spec.env},
-                          {"workdir", spec.workdir},
-                          {"files", spec.files.ToJson()},
-                          {"kill_leftovers", spec.kill_leftovers}}}};
+                {"spec", SpecState(spec)}};
   STRATA_RETURN_IF_ERROR(WriteFileAtomic(dir_ + "/state.json", state.dump(), false));
 
   // 1. The layer stack, resolved once.
@@ -645,6 +654,19 @@ Result<UpperVolume> Sandbox::CaptureUpper() {
     if (!resumed.ok()) return resumed.Annotate("thaw after the snapshot");
   }
   return snapshot;
+}
+
+Status Sandbox::Assign(const SandboxSpec& spec) {
+  SandboxSpec next = spec_;
+  next.env = spec.env;
+  next.workdir = spec.workdir;
+  next.files = spec.files;
+  next.kill_leftovers = spec.kill_leftovers;
+  created_ = ::time(nullptr);
+  STRATA_RETURN_IF_ERROR(SaveState({{"spec", SpecState(next)}, {"created", created_}}).Annotate("assign sandbox " + id_));
+  spec_ = std::move(next);
+  agent_->SetRulePaths(spec_.files);
+  return OkStatus();
 }
 
 Status Sandbox::SaveState(const json& changes) {

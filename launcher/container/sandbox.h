@@ -114,6 +114,10 @@ class Sandbox {
   // the sandbox frozen (for as short as the snapshot takes).
   Result<UpperVolume> CaptureUpper();
   const std::string& store_url() const { return store_url_; }
+  // Gives a sandbox made ahead of time (a warm pool's) the settings of the
+  // create that takes it: env, workdir, file rules, kill_leftovers and the
+  // time it counts as created from. Its layers, limits and network stay.
+  Status Assign(const SandboxSpec& spec);
   // Removes everything; idempotent. The first error is returned, but every
   // step is attempted.
   Status Destroy();

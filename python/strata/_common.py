@@ -151,6 +151,13 @@ def create_body(layers: Sequence[str], backend: str, cpus: Optional[float], memo
     return body
 
 
+def warm_body(layers: Sequence[str], size: int, cpus: Optional[float], memory: Union[str, int, None], pids: Optional[int],
+              disk: Union[str, int, None], network: Any, store: Optional[str]) -> Dict[str, Any]:
+    body = create_body(layers, "container", cpus, memory, pids, disk, network, None, None, store, None, None)
+    body["size"] = int(size)
+    return body
+
+
 def files_body(deny: Optional[Sequence[str]], read_only: Optional[Sequence[str]]) -> Optional[Dict[str, List[str]]]:
     """The API's file rules: paths hidden from commands, paths they may not change."""
     if isinstance(deny, str):

@@ -181,6 +181,11 @@ class DaemonFixture : public SandboxTest {
         for (const auto& s : client_->List().value_or(nlohmann::json::array())) {
           client_->Destroy(s["id"].get<std::string>()).IgnoreError();
         }
+        // Warm pools' ready sandboxes (a test that failed before removing its pools).
+        for (const auto& p : client_->WarmPools().value_or(nlohmann::json::array())) {
+          client_->SetWarmPool(p, 0).status().IgnoreError();
+        }
+        for (int i = 0; i < 600 && !client_->WarmPools().value_or(nlohmann::json::array()).empty(); ++i) std::this_thread::sleep_for(100ms);
       }
       StopDaemon(SIGTERM);
     }

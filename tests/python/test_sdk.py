@@ -305,3 +305,28 @@ def test_grader_files_and_whole_tree_leftovers(node):
             assert b"sleep 311" not in sb.exec("ps -o args").stdout
             sb.exec("setsid sleep 312 > /dev/null 2>&1 &", kill_leftovers=False)
             assert b"sleep 312" in sb.exec("ps -o args").stdout
+
+
+def test_a_warm_pool_serves_the_creates_that_match(node):
+    with strata.Client("unix://" + node.socket) as client:
+        pool = client.warm(["busybox:1"], 2, memory="48M")
+        try:
+            deadline = time.time() + 60
+            while time.time() < deadline and pool["ready"] < 2:
+                time.sleep(0.1)
+                pool = next(p for p in client.warm_pools() if p["name"] == pool["name"])
+            assert pool["ready"] == 2, pool
+            with client.create(layers=["busybox:1"], memory="48M", env={"WHO": "pooled"}) as sb:
+                assert sb.info["warm_pool"] == pool["name"] and sb.info["internal_id"] != sb.id
+                assert sb.exec("echo $WHO").stdout == b"pooled\n"
+            # A tenant neither sets nor lists pools, but its creates may take from them.
+            with strata.Client(node.https, token=node.tenant, verify=node.cert) as tenant:
+                with pytest.raises(strata.SandboxError) as e:
+                    tenant.warm_pools()
+                assert e.value.status == 403
+        finally:
+            client.warm(["busybox:1"], 0, memory="48M")
+        deadline = time.time() + 60
+        while time.time() < deadline and client.warm_pools():
+            time.sleep(0.1)
+        assert client.warm_pools() == []

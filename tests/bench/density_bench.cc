@@ -1,0 +1,268 @@
+// scripts/bench density: how fast a node makes sandboxes and how many it
+// holds, each row beside a baseline measured in the same run.
+//   - a warm pool against cold creates: a burst of POOL creates, 8 in
+//     flight, each timed from create to the end of its first exec; and
+//     create -> exec -> destroy cycles, 8 in flight, where the pool has to
+//     refill (a refill costs what a cold create costs);
+//   - creation rate (create -> exec -> destroy, 8 in flight) with none,
+//     IDLE/3 and IDLE idle sandboxes running;
+//   - memory per idle sandbox (MemAvailable drop / IDLE, page cache
+//     dropped) against IDLE idle crun containers of crun's default spec
+//     (`crun spec`: pid, mount, network, ipc and uts namespaces of their
+//     own, running sleep) on the same busybox root.
+// Usage: density_bench [IDLE] [POOL]   (defaults 1000 and 64)
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <thread>
+
+#include "common/fs.h"
+#include "common/strings.h"
+#include "common/subprocess.h"
+#include "launcher/api/client.h"
+#include "tests/bench/bench_layers.h"
+#include "tests/bench/bench_util.h"
+
+namespace strata::bench {
+namespace {
+
+using nlohmann::json;
+
+uint64_t MemAvailableKiB() {
+  ::sync();
+  std::ofstream("/proc/sys/vm/drop_caches") << "3\n";
+  std::ifstream in("/proc/meminfo");
+  std::string key, unit;
+  uint64_t value;
+  while (in >> key >> value >> unit) {
+    if (key == "MemAvailable:") return value;
+  }
+  return 0;
+}
+
+// Where memory goes: /proc/meminfo's kernel and process fields and every
+// slab cache's bytes (active objects x object size), in KiB.
+using Snapshot = std::map<std::string, double>;
+Snapshot TakeSnapshot() {
+  MemAvailableKiB();  // (drops the page cache first)
+  Snapshot s;
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key, unit;
+  double value;
+  while (meminfo >> key >> value) {
+    std::getline(meminfo, unit);
+    key.pop_back();  // ':'
+    for (const char* k : {"MemAvailable", "AnonPages", "Shmem", "Slab", "SUnreclaim", "KernelStack", "PageTables", "Percpu", "VmallocUsed"}) {
+      if (key == k) s["meminfo " + key] = value;
+    }
+  }
+  std::ifstream slab("/proc/slabinfo");
+  std::string line;
+  std::getline(slab, line);
+  std::getline(slab, line);
+  while (std::getline(slab, line)) {
+    std::istringstream in(line);
+    std::string name;
+    double active = 0, total = 0, size = 0;
+    in >> name >> active >> total >> size;
+    s["slab " + name] = active * size / 1024;
+  }
+  return s;
+}
+
+// The fields that grew most per sandbox, largest first.
+std::vector<std::pair<std::string, double>> Growth(const Snapshot& before, const Snapshot& after, int n, size_t top) {
+  std::vector<std::pair<std::string, double>> out;
+  for (const auto& [k, v] : after) {
+    auto it = before.find(k);
+    const double d = (v - (it == before.end() ? 0 : it->second)) / n;
+    if (k == "meminfo MemAvailable") out.push_back({k + " (drop)", -d});
+    else out.push_back({k, d});
+  }
+  std::stable_sort(out.begin(), out.end(), [](const auto& a, const auto& b) {
+    const bool am = a.first.starts_with("meminfo"), bm = b.first.starts_with("meminfo");
+    return am != bm ? am : a.second > b.second;
+  });
+  std::vector<std::pair<std::string, double>> kept;
+  size_t slabs = 0;
+  for (auto& e : out) {
+    if (e.first.starts_with("meminfo") || (slabs++ < top && e.second >= 0.5)) kept.push_back(std::move(e));
+  }
+  return kept;
+}
+
+int Body(int argc, char** argv) {
+  const int idle = argc > 1 ? std::atoi(argv[1]) : 1000;
+  const int pool_size = argc > 2 ? std::atoi(argv[2]) : 64;
+  constexpr int kInFlight = 8;
+  BusyboxLayer layer = PublishBusybox();
+  const TempDir& dir = layer.dir;
+  Subprocess daemon = StartBenchDaemon(layer);
+  launcher::LauncherClient client(dir.Sub("launcher.sock"));
+  const json spec = {{"layers", {"bench:1"}}, {"store", layer.store}, {"memory", 64 << 20}};
+  const json true_cmd = {{"argv", {"true"}}};
+  auto exec_ok = [&](const std::string& id) {
+    auto r = Check(client.Exec(id, true_cmd, [](int, std::string_view) {}));
+    if (r.exit_code != 0) Check(Error(EIO, "exec in " + id + " failed"));
+  };
+  auto cycle = [&](int) {
+    std::string id = Check(client.Create(spec))["id"];
+    exec_ok(id);
+    Check(client.Destroy(id));
+  };
+  auto pool_ready = [&](int want) {
+    for (int i = 0; i < 6000; ++i) {
+      json pools = Check(client.WarmPools());
+      int ready = 0;
+      for (const auto& p : pools) ready += p.value("ready", 0);
+      if (want == 0 ? pools.empty() : ready >= want) return;
+      ::usleep(20000);
+    }
+    Check(Error(ETIMEDOUT, "the warm pool did not reach its size"));
+  };
+  for (int i = 0; i < 3; ++i) cycle(i);  // layer mounted, binaries cached
+
+  // A burst of creates (to the first exec's end), from the pool and cold.
+  std::vector<std::string> ids(static_cast<size_t>(pool_size));
+  auto burst = [&] {
+    Figures f = Measure(pool_size, kInFlight, [&](int i) {
+      std::string id = Check(client.Create(spec))["id"];
+      exec_ok(id);
+      ids[static_cast<size_t>(i)] = id;
+    });
+    Measure(pool_size, kInFlight, [&](int i) { Check(client.Destroy(ids[static_cast<size_t>(i)])); });
+    return f;
+  };
+  std::fprintf(stderr, "density_bench: a burst of %d from a warm pool...\n", pool_size);
+  Check(client.SetWarmPool(spec, pool_size).status());
+  pool_ready(pool_size);
+  Figures warm_burst = burst();
+  pool_ready(pool_size);
+  std::fprintf(stderr, "density_bench: cycles with a pool refilling...\n");
+  Figures warm_cycles = Measure(4 * pool_size, kInFlight, cycle);
+  Check(client.SetWarmPool(spec, 0).status());
+  pool_ready(0);
+  std::fprintf(stderr, "density_bench: the same cold...\n");
+  Figures cold_burst = burst();
+  Figures cold_cycles = Measure(4 * pool_size, kInFlight, cycle);
+
+  // Idle sandboxes, in three steps, with the creation rate at each.
+  std::fprintf(stderr, "density_bench: %d idle sandboxes...\n", idle);
+  const int rate_cycles = 64;
+  std::vector<Figures> rates;
+  std::vector<int> at;
+  std::vector<std::string> held(static_cast<size_t>(idle));
+  const Snapshot before_snap = TakeSnapshot();
+  const uint64_t before = static_cast<uint64_t>(before_snap.at("meminfo MemAvailable"));
+  Figures fill{};
+  int made = 0;
+  for (int target : {0, idle / 3, idle}) {
+    const int from = made;
+    if (target > made) {
+      fill = Measure(target - from, kInFlight, [&](int i) { held[static_cast<size_t>(from + i)] = Check(client.Create(spec))["id"]; });
+      made = target;
+    }
+    at.push_back(made);
+    rates.push_back(Measure(rate_cycles, kInFlight, cycle));
+  }
+  const Snapshot idle_snap = TakeSnapshot();
+  const uint64_t with_idle = static_cast<uint64_t>(idle_snap.at("meminfo MemAvailable"));
+  // The agents' own share: their resident private memory.
+  double agent_private_kib = 0;
+  {
+    auto pids = RunCommand({.argv = {"pgrep", "-f", "strata-agent"}});
+    int counted = 0;
+    std::istringstream in(pids.ok() ? pids->out : "");
+    for (std::string pid; in >> pid && counted < 50; ++counted) {
+      std::ifstream rollup("/proc/" + pid + "/smaps_rollup");
+      std::string k;
+      double v;
+      std::string rest;
+      while (rollup >> k >> v) {
+        std::getline(rollup, rest);
+        if (k == "Private_Clean:" || k == "Private_Dirty:") agent_private_kib += v;
+      }
+    }
+    if (counted > 0) agent_private_kib /= counted;
+  }
+  // Every one of them answers.
+  Figures answer = Measure(idle, kInFlight, [&](int i) { exec_ok(held[static_cast<size_t>(i)]); });
+  Measure(idle, kInFlight, [&](int i) { Check(client.Destroy(held[static_cast<size_t>(i)])); });
+  StopBenchDaemon(daemon, layer);
+
+  // crun's default spec on the same root, running sleep.
+  std::fprintf(stderr, "density_bench: %d idle crun containers...\n", idle);
+  const std::string bundle = dir.Sub("crun-default");
+  Check(MakeDirs(bundle));
+  Check(RunChecked({.argv = {"crun", "spec", "-b", bundle}}, "crun spec").status());
+  json config = json::parse(Check(ReadFileToString(bundle + "/config.json")));
+  config["root"]["path"] = layer.tree;
+  config["process"]["terminal"] = false;
+  config["process"]["args"] = {"sleep", "100000"};
+  Check(WriteFileAtomic(bundle + "/config.json", config.dump()));
+  const std::string tag = StrCat("density-", ::getpid(), "-");
+  const Snapshot before_crun_snap = TakeSnapshot();
+  const uint64_t before_crun = static_cast<uint64_t>(before_crun_snap.at("meminfo MemAvailable"));
+  Measure(idle, kInFlight, [&](int i) {
+    auto r = RunCommand({.argv = {"crun", "run", "--detach", "--bundle", bundle, StrCat(tag, i)},
+                         .stdout_mode = StdStream::kNull, .stderr_mode = StdStream::kNull});
+    if (!r.ok() || !r->success()) Check(Error(EIO, "crun run --detach failed"));
+  });
+  const Snapshot crun_snap = TakeSnapshot();
+  const uint64_t with_crun = static_cast<uint64_t>(crun_snap.at("meminfo MemAvailable"));
+  Measure(idle, kInFlight, [&](int i) { RunCommand({.argv = {"crun", "delete", "--force", StrCat(tag, i)}}).status().IgnoreError(); });
+
+  auto kib_each = [&](uint64_t a, uint64_t b) { return a > b ? static_cast<double>(a - b) / idle : 0.0; };
+  const double ours_kib = kib_each(before, with_idle), crun_kib = kib_each(before_crun, with_crun);
+  std::printf("node density: warm pool of %d; %d idle sandboxes; %d in flight\n", pool_size, idle, kInFlight);
+  Table t({"measure", "p50 ms", "p99 ms", "per s", "baseline", "baseline p50 ms", "baseline per s", "ratio"});
+  t.Add({StrCat("burst of ", pool_size, ": create -> first exec, warm pool"), Fixed(warm_burst.p50_ms, 2), Fixed(warm_burst.p99_ms, 2),
+         Fixed(warm_burst.per_second, 1), "same, cold", Fixed(cold_burst.p50_ms, 2), Fixed(cold_burst.per_second, 1),
+         Fixed(warm_burst.per_second / cold_burst.per_second, 2) + " (rate)"});
+  t.Add({StrCat(4 * pool_size, " create -> exec -> destroy, pool refilling"), Fixed(warm_cycles.p50_ms, 2), Fixed(warm_cycles.p99_ms, 2),
+         Fixed(warm_cycles.per_second, 1), "same, cold", Fixed(cold_cycles.p50_ms, 2), Fixed(cold_cycles.per_second, 1),
+         Fixed(warm_cycles.per_second / cold_cycles.per_second, 2) + " (rate)"});
+  for (size_t i = 1; i < rates.size(); ++i) {
+    t.Add({StrCat("create -> exec -> destroy, ", at[i], " idle running"), Fixed(rates[i].p50_ms, 1), Fixed(rates[i].p99_ms, 1),
+           Fixed(rates[i].per_second, 1), "same, none running", Fixed(rates[0].p50_ms, 1), Fixed(rates[0].per_second, 1),
+           Fixed(rates[i].per_second / rates[0].per_second, 2) + " (rate)"});
+  }
+  t.Add({StrCat("exec true in each of ", idle, " idle"), Fixed(answer.p50_ms, 2), Fixed(answer.p99_ms, 2), Fixed(answer.per_second, 1), "", "", "", ""});
+  t.Add({StrCat("create the last ", idle - idle / 3, " idle"), Fixed(fill.p50_ms, 1), Fixed(fill.p99_ms, 1), Fixed(fill.per_second, 1), "", "", "", ""});
+  t.Add({"memory per idle sandbox (KiB, MemAvailable drop / N)", Fixed(ours_kib, 0), "", "", "idle crun container, `crun spec` default",
+         Fixed(crun_kib, 0), "", Fixed(crun_kib > 0 ? ours_kib / crun_kib : 0, 2)});
+  t.Print();
+
+  // Where it goes, per sandbox and per crun container (KiB).
+  std::printf("\nper idle sandbox / crun container, KiB (the largest slab caches of either)\n");
+  auto ours_growth = Growth(before_snap, idle_snap, idle, 14);
+  auto crun_growth = Growth(before_crun_snap, crun_snap, idle, 14);
+  std::map<std::string, std::pair<double, double>> rows;
+  std::vector<std::string> order;
+  for (auto* g : {&ours_growth, &crun_growth}) {
+    for (auto& [k, v] : *g) {
+      if (!rows.count(k)) order.push_back(k);
+      rows[k] = {0, 0};
+    }
+  }
+  for (auto& [k, v] : Growth(before_snap, idle_snap, idle, 100000)) if (rows.count(k)) rows[k].first = v;
+  for (auto& [k, v] : Growth(before_crun_snap, crun_snap, idle, 100000)) if (rows.count(k)) rows[k].second = v;
+  Table w({"what", "strata sandbox", "crun default container", "difference"});
+  for (const auto& k : order) {
+    w.Add({k, Fixed(rows[k].first, 1), Fixed(rows[k].second, 1), Fixed(rows[k].first - rows[k].second, 1)});
+  }
+  w.Add({"agent private resident (smaps_rollup, mean of 50)", Fixed(agent_private_kib, 1), "", ""});
+  w.Print();
+  return 0;
+}
+
+}  // namespace
+}  // namespace strata::bench
+
+int main(int argc, char** argv) {
+  return strata::bench::BenchMain([&] { return strata::bench::Body(argc, argv); });
+}
