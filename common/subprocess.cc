@@ -126,6 +126,10 @@ Result<Subprocess> Subprocess::Start(SubprocessOptions options) {
     passed.push_back(std::move(copy));
   }
 
+  // Nothing else reaches the child, also what was opened without
+  // close-on-exec (libcurl's wakeup socket pairs, a library's files).
+  if (status.ok()) posix_spawn_file_actions_addclosefrom_np(&actions, first_free);
+
   if (status.ok()) {
     std::vector<std::string> env = BuildEnv(options);
     std::vector<char*> envp, argv;

@@ -164,6 +164,9 @@ int Serve(const ServeOptions& options, const NodeConfig& node) {
   if (Status placed = PlaceNodeProcesses(node.cgroup_parent); !placed.ok()) {
     std::fprintf(stderr, "launcher: warning: %s\n", placed.ToString().c_str());
   }
+  if (options.memory_capacity > 0) {
+    if (Status capped = LimitSandboxMemory(node.cgroup_parent, options.memory_capacity); !capped.ok()) return Fail(capped);
+  }
   SweepStaleSandboxes(node).IgnoreError();
   auto manager = SandboxManager::Open(node, options.state_dir);
   if (!manager.ok()) return Fail(manager.status());
@@ -277,6 +280,10 @@ int main(int argc, char** argv) {
   serve->add_option("--max-sandboxes", serve_options.max_sandboxes, "refuse creations beyond this many sandboxes (503)");
   std::string memory_reserve, idle_timeout = "60s", request_timeout = "10s", max_body = "16M", max_upload = "4G";
   serve->add_option("--memory-reserve", memory_reserve, "refuse creations while MemAvailable is below this (503)");
+  std::string memory_capacity, disk_reserve;
+  serve->add_option("--memory-capacity", memory_capacity,
+                    "memory the node gives sandboxes: their parent cgroup is capped at it, and creations whose limits would pass it are refused (503)");
+  serve->add_option("--disk-reserve", disk_reserve, "refuse creations while the uppers filesystem has less free (503)");
   serve->add_option("--max-connections", serve_options.tcp_limits.max_connections, "TCP connections in all")->capture_default_str();
   serve->add_option("--max-connections-per-client", serve_options.tcp_limits.max_per_client,
                     "TCP connections from one address")->capture_default_str();
@@ -432,6 +439,8 @@ int main(int argc, char** argv) {
     };
     auto& l = serve_options.tcp_limits;
     for (Status s : {parse(memory_reserve, "--memory-reserve", &serve_options.memory_reserve, ParseSize),
+                     parse(memory_capacity, "--memory-capacity", &serve_options.memory_capacity, ParseSize),
+                     parse(disk_reserve, "--disk-reserve", &serve_options.disk_reserve, ParseSize),
                      parse(idle_timeout, "--idle-timeout", &l.idle_timeout, ParseDuration),
                      parse(request_timeout, "--request-timeout", &l.request_timeout, ParseDuration),
                      parse(max_upload, "--max-upload", &l.max_upload_bytes, ParseSize)}) {

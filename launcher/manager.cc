@@ -66,6 +66,8 @@ Result<SandboxSpec> WarmSpecFromJson(const json& j) {
 
 constexpr int kWarmFillers = 2;     // sandboxes made at once for pools
 constexpr int kWarmMaxSize = 4096;
+// Refills wait until takes have paused this long.
+constexpr auto kRefillQuiet = std::chrono::milliseconds(200);
 
 json CallSpecJson(const SandboxSpec& spec) {
   return {{"layers", spec.layers}, {"env", spec.env}, {"workdir", spec.workdir}, {"files", spec.files.ToJson()}};
@@ -524,6 +526,7 @@ json SandboxManager::WarmPool::Info() const {
   j["size"] = size;
   j["ready"] = ready.size();
   j["filling"] = filling;
+  j["removing"] = removing;
   j["taken"] = taken;
   j["made"] = made;
   j["failures"] = failures;
@@ -590,7 +593,7 @@ json SandboxManager::WarmPools() {
   json out = json::array();
   std::lock_guard lock(warm_mu_);
   for (auto& [key, pool] : warm_) {
-    if (pool->size > 0 || !pool->ready.empty() || pool->filling > 0) out.push_back(pool->Info());
+    if (pool->size > 0 || !pool->ready.empty() || pool->filling > 0 || pool->removing > 0) out.push_back(pool->Info());
   }
   return out;
 }
@@ -608,6 +611,7 @@ Result<std::optional<json>> SandboxManager::TakeWarm(const SandboxSpec& spec, co
       pool = it->second;
       sb = std::move(pool->ready.front());
       pool->ready.pop_front();
+      last_take_ = std::chrono::steady_clock::now();
     }
     warm_cv_.notify_all();  // a filler makes the next one
     if (sb->Alive()) break;
@@ -680,6 +684,7 @@ void SandboxManager::FillWarm() {
       }
     }
     if (surplus) {
+      ++from->removing;
       lock.unlock();
       const std::string id = surplus->id();
       Status s = surplus->Destroy();
@@ -687,9 +692,12 @@ void SandboxManager::FillWarm() {
       Forget(id).IgnoreError();
       surplus.reset();
       lock.lock();
+      --from->removing;
       continue;
     }
-    std::erase_if(warm_, [](const auto& kv) { return kv.second->size == 0 && kv.second->ready.empty() && kv.second->filling == 0; });
+    std::erase_if(warm_, [](const auto& kv) {
+      return kv.second->size == 0 && kv.second->ready.empty() && kv.second->filling == 0 && kv.second->removing == 0;
+    });
     const auto now = std::chrono::steady_clock::now();
     std::shared_ptr<WarmPool> pool;
     if (verdict.status.ok()) {
@@ -697,6 +705,13 @@ void SandboxManager::FillWarm() {
         const int have = static_cast<int>(p->ready.size()) + p->filling;
         if (have < p->size && now >= p->retry_at && (!pool || have < static_cast<int>(pool->ready.size()) + pool->filling)) pool = p;
       }
+    }
+    // A burst of takes comes first: a refill costs a cold create's CPU, so
+    // it waits until takes pause (or the pool has run dry, when creates
+    // are cold anyway).
+    if (pool && !pool->ready.empty() && now - last_take_ < kRefillQuiet) {
+      warm_cv_.wait_for(lock, kRefillQuiet);
+      continue;
     }
     if (!pool) {
       // (Woken by a take, a new size or the admission; else a look every
@@ -1068,6 +1083,30 @@ Result<json> SandboxManager::Info(const std::string& id) {
 size_t SandboxManager::Count() {
   std::lock_guard lock(mu_);
   return sandboxes_.size();
+}
+
+uint64_t SandboxManager::CommittedMemory() {
+  auto commit = [](const Sandbox& sb) { return sb.spec().limits.memory > 0 ? sb.spec().limits.memory + kAgentReserveMemory : 0; };
+  uint64_t sum = 0;
+  std::vector<std::shared_ptr<Entry>> entries;
+  {
+    std::lock_guard lock(mu_);
+    for (auto& [id, e] : sandboxes_) entries.push_back(e);
+  }
+  for (auto& e : entries) {
+    std::lock_guard lock(e->mu);
+    if (e->sandbox) sum += commit(*e->sandbox);
+  }
+  {
+    std::lock_guard lock(pools_mu_);
+    for (auto& [key, p] : pools_) sum += commit(*p->warm);
+  }
+  std::lock_guard lock(warm_mu_);
+  for (auto& [key, p] : warm_) {
+    for (auto& sb : p->ready) sum += commit(*sb);
+    sum += static_cast<uint64_t>(p->filling) * (p->spec.limits.memory > 0 ? p->spec.limits.memory + kAgentReserveMemory : 0);
+  }
+  return sum;
 }
 
 size_t SandboxManager::CountOwned(const std::string& owner) {

@@ -80,6 +80,9 @@ class SandboxManager {
   // Every sandbox, or only those of `owner` when it is set.
   nlohmann::json List(const std::optional<std::string>& owner = std::nullopt);
   size_t Count();
+  // The memory limits (each with the agent's reserve) of every container
+  // sandbox, warm pools' ready ones and function-call pools included.
+  uint64_t CommittedMemory();
   // The sandboxes of `owner`.
   size_t CountOwned(const std::string& owner);
   // The tenant a sandbox belongs to ("" for the operator's), or ENOENT.
@@ -136,6 +139,7 @@ class SandboxManager {
     int size = 0;
     std::deque<std::shared_ptr<Sandbox>> ready;
     int filling = 0;
+    int removing = 0;  // ready sandboxes being destroyed (shrunk, shed)
     uint64_t taken = 0, made = 0, failures = 0, shed = 0;
     int streak = 0;  // failures in a row (the back-off)
     std::string last_error;
@@ -202,6 +206,7 @@ class SandboxManager {
   std::condition_variable warm_cv_;
   std::vector<std::thread> fillers_;
   bool warm_stopping_ = false;
+  std::chrono::steady_clock::time_point last_take_{};
   std::thread reaper_;
   std::condition_variable reaper_cv_;
   bool stopping_ = false;

@@ -33,4 +33,17 @@ Status PlaceNodeProcesses(const std::string& cgroup_parent) {
       .Annotate("node processes: OOM score (needs CAP_SYS_RESOURCE)");
 }
 
+Status LimitSandboxMemory(const std::string& cgroup_parent, uint64_t capacity) {
+  if (::access("/sys/fs/cgroup/memory/cgroup.procs", F_OK) != 0) {
+    return Error(ENOTSUP, "--memory-capacity: no cgroup v1 memory hierarchy at /sys/fs/cgroup/memory");
+  }
+  const std::string dir = "/sys/fs/cgroup/memory/" + cgroup_parent;
+  STRATA_RETURN_IF_ERROR(MakeDirs(dir, 0755).Annotate("--memory-capacity: cgroup"));
+  STRATA_RETURN_IF_ERROR(WriteTo(dir + "/memory.limit_in_bytes", StrCat(capacity)).Annotate("--memory-capacity"));
+  if (::access((dir + "/memory.memsw.limit_in_bytes").c_str(), F_OK) == 0) {
+    STRATA_RETURN_IF_ERROR(WriteTo(dir + "/memory.memsw.limit_in_bytes", StrCat(capacity)).Annotate("--memory-capacity"));
+  }
+  return OkStatus();
+}
+
 }  // namespace strata::launcher

@@ -4,6 +4,7 @@
 // OOM score that keeps the kernel's OOM killer on sandboxes first.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 #include "common/status.h"
@@ -27,5 +28,11 @@ std::string NodeCgroup(const std::string& cgroup_parent);
 // cpu hierarchy only that). The error names the step that failed; the
 // steps before it hold.
 Status PlaceNodeProcesses(const std::string& cgroup_parent);
+
+// Caps the memory of all sandboxes together (their parent cgroup in the
+// v1 memory hierarchy, made if missing) at `capacity`: however they
+// behave, the kernel reclaims and OOM-kills among them, not the node's
+// processes, which are outside it.
+Status LimitSandboxMemory(const std::string& cgroup_parent, uint64_t capacity);
 
 }  // namespace strata::launcher

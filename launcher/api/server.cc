@@ -198,6 +198,17 @@ Status CheckSandboxPath(const std::string& path) {
   return OkStatus();
 }
 
+// What a sandbox commits of --memory-capacity: its limit and the agent's
+// reserve beside it (its cgroup's limit); none without a limit.
+uint64_t CommitOf(const SandboxSpec& spec) {
+  return spec.limits.memory > 0 && spec.backend == "container" ? spec.limits.memory + kAgentReserveMemory : 0;
+}
+
+// Creations are refused with fewer free inodes on the uppers (where the
+// filesystem counts them) or process ids left under kernel.pid_max.
+constexpr uint64_t kInodeReserve = 4096;
+constexpr uint64_t kPidReserve = 4096;
+
 // MemAvailable of /proc/meminfo, in bytes.
 uint64_t MemAvailable() {
   std::ifstream in("/proc/meminfo");
@@ -328,12 +339,16 @@ Result<std::unique_ptr<LauncherServer>> LauncherServer::Start(const ServeOptions
   // Warm pools fill within the node's admission limits and give way first:
   // their ready sandboxes go when memory falls below the reserve, or when
   // sandboxes in use and ready ones pass --max-sandboxes.
-  manager.SetWarmAdmission([max = options.max_sandboxes, reserve = options.memory_reserve, m = &manager](size_t held) {
+  manager.SetWarmAdmission([max = options.max_sandboxes, reserve = options.memory_reserve, capacity = options.memory_capacity,
+                            m = &manager](size_t held) {
     SandboxManager::WarmVerdict v;
     const int64_t in_use = static_cast<int64_t>(m->Count());
     if (max > 0 && in_use + static_cast<int64_t>(held) >= max) {
       v.status = Error(EAGAIN, StrCat("node full (--max-sandboxes ", max, ")"));
       v.shed = in_use + static_cast<int64_t>(held) > max;
+    }
+    if (capacity > 0 && m->CommittedMemory() >= capacity) {
+      v.status = Error(EAGAIN, StrCat("memory limits at --memory-capacity ", FormatBytes(capacity)));
     }
     if (reserve > 0) {
       const uint64_t available = MemAvailable();
@@ -461,11 +476,28 @@ Status LauncherServer::CheckOwner(const std::string& id, const Caller& caller) {
   return OkStatus();
 }
 
-Status LauncherServer::Admit(const Caller& caller) {
+Status LauncherServer::Admit(const Caller& caller, uint64_t memory) {
   const uint64_t available = options_.memory_reserve > 0 ? MemAvailable() : 0;  // (read before the lock)
+  const uint64_t committed = options_.memory_capacity > 0 ? manager_.CommittedMemory() : 0;
+  const Headroom room = NodeHeadroom();
   std::lock_guard lock(admission_mu_);
   if (options_.max_sandboxes > 0 && static_cast<int64_t>(manager_.Count()) + creating_ >= options_.max_sandboxes) {
     return Error(EAGAIN, StrCat("node full: ", options_.max_sandboxes, " sandboxes (--max-sandboxes); retry later or elsewhere"));
+  }
+  if (options_.memory_capacity > 0 && committed + creating_memory_ + memory > options_.memory_capacity) {
+    return Error(EAGAIN, StrCat("node full: sandboxes' memory limits would pass ", FormatBytes(options_.memory_capacity),
+                                " (--memory-capacity; ", FormatBytes(committed + creating_memory_), " committed, this one ",
+                                FormatBytes(memory), ")"));
+  }
+  if (options_.disk_reserve > 0 && room.disk_available < options_.disk_reserve) {
+    return Error(EAGAIN, StrCat("node low on disk: ", FormatBytes(room.disk_available), " free on the uppers, below the reserve of ",
+                                FormatBytes(options_.disk_reserve), " (--disk-reserve)"));
+  }
+  if (room.inodes_known && room.inodes_available < kInodeReserve) {
+    return Error(EAGAIN, StrCat("node low on inodes: ", room.inodes_available, " free on the uppers"));
+  }
+  if (room.pids_available < kPidReserve) {
+    return Error(EAGAIN, StrCat("node near its process limit: ", room.pids_available, " of kernel.pid_max left (`launcher doctor --fix` raises it)"));
   }
   if (options_.memory_reserve > 0) {
     if (available < options_.memory_reserve) {
@@ -485,27 +517,57 @@ Status LauncherServer::Admit(const Caller& caller) {
     ++creating_by_tenant_[caller.scope()];
   }
   ++creating_;
+  creating_memory_ += memory;
   return OkStatus();
 }
 
-void LauncherServer::Admitted(const Caller& caller) {
+void LauncherServer::Admitted(const Caller& caller, uint64_t memory) {
   std::lock_guard lock(admission_mu_);
   --creating_;
+  creating_memory_ -= memory;
   if (caller.tenant && --creating_by_tenant_[caller.scope()] == 0) creating_by_tenant_.erase(caller.scope());
+}
+
+LauncherServer::Headroom LauncherServer::NodeHeadroom() const {
+  Headroom h;
+  struct statvfs vfs{};
+  if (::statvfs(manager_.node().uppers.c_str(), &vfs) == 0) {
+    h.disk_available = static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize;
+    h.inodes_known = vfs.f_files > 0;  // (btrfs makes inodes as it goes: 0)
+    h.inodes_available = vfs.f_favail;
+  }
+  // Threads now (the fourth field of /proc/loadavg: running/total) against kernel.pid_max.
+  auto pid_max = ReadFileToString("/proc/sys/kernel/pid_max");
+  auto loadavg = ReadFileToString("/proc/loadavg");
+  if (pid_max.ok() && loadavg.ok()) {
+    const uint64_t max = std::strtoull(pid_max->c_str(), nullptr, 10);
+    const size_t slash = loadavg->find('/');
+    const uint64_t threads = slash == std::string::npos ? 0 : std::strtoull(loadavg->c_str() + slash + 1, nullptr, 10);
+    h.pids_available = max > threads ? max - threads : 0;
+  }
+  return h;
 }
 
 json LauncherServer::Health() {
   json headroom = json::object();
   const size_t count = manager_.Count();
   headroom["slots"] = options_.max_sandboxes > 0 ? json(std::max<int64_t>(0, options_.max_sandboxes - static_cast<int64_t>(count))) : json(nullptr);
-  headroom["memory_available"] = MemAvailable();
+  const uint64_t available = MemAvailable();
+  headroom["memory_available"] = available;
   headroom["memory_reserve"] = options_.memory_reserve;
-  struct statvfs vfs{};
-  if (::statvfs(manager_.node().uppers.c_str(), &vfs) == 0) {
-    headroom["disk_available"] = static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize;
-  }
+  const uint64_t committed = manager_.CommittedMemory();
+  headroom["memory_committed"] = committed;
+  headroom["memory_capacity"] = options_.memory_capacity > 0 ? json(options_.memory_capacity) : json(nullptr);
+  const Headroom room = NodeHeadroom();
+  headroom["disk_available"] = room.disk_available;
+  headroom["disk_reserve"] = options_.disk_reserve;
+  headroom["inodes_available"] = room.inodes_known ? json(room.inodes_available) : json(nullptr);
+  headroom["pids_available"] = room.pids_available;
   const bool accepting = (options_.max_sandboxes == 0 || static_cast<int64_t>(count) < options_.max_sandboxes) &&
-                         (options_.memory_reserve == 0 || headroom["memory_available"].get<uint64_t>() >= options_.memory_reserve);
+                         (options_.memory_reserve == 0 || available >= options_.memory_reserve) &&
+                         (options_.memory_capacity == 0 || committed < options_.memory_capacity) &&
+                         (options_.disk_reserve == 0 || room.disk_available >= options_.disk_reserve) &&
+                         (!room.inodes_known || room.inodes_available >= kInodeReserve) && room.pids_available >= kPidReserve;
   return {{"ok", true}, {"pid", ::getpid()}, {"sandboxes", count}, {"accepting", accepting}, {"headroom", headroom}};
 }
 
@@ -688,14 +750,14 @@ Response LauncherServer::Create(const Request& req, const json& body, const Call
       else outcomes[i].error = info.status();
       return;
     }
-    if (Status a = Admit(caller); !a.ok()) {
+    if (Status a = Admit(caller, CommitOf(*spec)); !a.ok()) {
       outcomes[i].error = a;
       return;
     }
     SandboxSpec one = *spec;
     one.id = ids[i];
     auto info = manager_.Create(std::move(one), caller.scope());
-    Admitted(caller);
+    Admitted(caller, CommitOf(*spec));
     if (info.ok()) outcomes[i].info = std::move(*info);
     else outcomes[i].error = info.status();
   };

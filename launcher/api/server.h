@@ -39,6 +39,12 @@ struct ServeOptions {
   // many sandboxes, or while MemAvailable is below the reserve. 0: off.
   int64_t max_sandboxes = 0;
   uint64_t memory_reserve = 0;
+  // The memory the node gives sandboxes: creations whose memory limits
+  // (each with the agent's reserve) would pass it are refused, and the
+  // sandboxes' parent cgroup is capped at it. 0: off.
+  uint64_t memory_capacity = 0;
+  // Creations are refused while the uppers filesystem has less free space.
+  uint64_t disk_reserve = 0;
   // Caps of every TCP listener (the unix socket keeps only the size caps).
   HttpServer::Limits tcp_limits;
 };
@@ -89,8 +95,16 @@ class LauncherServer {
 
   // Node and tenant admission for one creation: reserves a slot, or says
   // why not (EAGAIN: the node; EDQUOT: the tenant's limits).
-  Status Admit(const Caller& caller);
-  void Admitted(const Caller& caller);  // the reserved slot is taken or given back
+  struct Headroom {
+    uint64_t disk_available = 0;
+    bool inodes_known = false;
+    uint64_t inodes_available = 0;
+    uint64_t pids_available = UINT64_MAX;
+  };
+  Headroom NodeHeadroom() const;
+  // `memory`: what the create commits of --memory-capacity.
+  Status Admit(const Caller& caller, uint64_t memory = 0);
+  void Admitted(const Caller& caller, uint64_t memory = 0);  // the reserved slot is taken or given back
 
   ServeOptions options_;
   SandboxManager& manager_;
@@ -99,6 +113,7 @@ class LauncherServer {
   bool have_tenants_ = false;  // a tokens file (or old token file) is in use
   std::mutex admission_mu_;
   int64_t creating_ = 0;  // admitted creations under way
+  uint64_t creating_memory_ = 0;  // and what they commit
   std::map<std::string, int64_t> creating_by_tenant_;
   std::unique_ptr<HttpServer> unix_;
   std::vector<std::unique_ptr<HttpServer>> tcp_;

@@ -56,7 +56,8 @@ Snapshot TakeSnapshot() {
   while (meminfo >> key >> value) {
     std::getline(meminfo, unit);
     key.pop_back();  // ':'
-    for (const char* k : {"MemAvailable", "AnonPages", "Shmem", "Slab", "SUnreclaim", "KernelStack", "PageTables", "Percpu", "VmallocUsed"}) {
+    for (const char* k : {"MemAvailable", "MemFree", "Cached", "Buffers", "Dirty", "AnonPages", "Shmem", "Slab", "SUnreclaim", "KernelStack",
+                          "PageTables", "Percpu", "VmallocUsed", "Unevictable"}) {
       if (key == k) s["meminfo " + key] = value;
     }
   }
@@ -103,7 +104,8 @@ int Body(int argc, char** argv) {
   const TempDir& dir = layer.dir;
   Subprocess daemon = StartBenchDaemon(layer);
   launcher::LauncherClient client(dir.Sub("launcher.sock"));
-  const json spec = {{"layers", {"bench:1"}}, {"store", layer.store}, {"memory", 64 << 20}};
+  // No limits, as crun's default spec has none.
+  const json spec = {{"layers", {"bench:1"}}, {"store", layer.store}};
   const json true_cmd = {{"argv", {"true"}}};
   auto exec_ok = [&](const std::string& id) {
     auto r = Check(client.Exec(id, true_cmd, [](int, std::string_view) {}));
@@ -142,12 +144,25 @@ int Body(int argc, char** argv) {
   pool_ready(pool_size);
   Figures warm_burst = burst();
   pool_ready(pool_size);
+  // One at a time: the latency of a take.
+  auto one_by_one = [&] {
+    Figures f = Measure(pool_size, 1, [&](int i) {
+      std::string id = Check(client.Create(spec))["id"];
+      exec_ok(id);
+      ids[static_cast<size_t>(i)] = id;
+    });
+    Measure(pool_size, kInFlight, [&](int i) { Check(client.Destroy(ids[static_cast<size_t>(i)])); });
+    return f;
+  };
+  Figures warm_single = one_by_one();
+  pool_ready(pool_size);
   std::fprintf(stderr, "density_bench: cycles with a pool refilling...\n");
   Figures warm_cycles = Measure(4 * pool_size, kInFlight, cycle);
   Check(client.SetWarmPool(spec, 0).status());
   pool_ready(0);
   std::fprintf(stderr, "density_bench: the same cold...\n");
   Figures cold_burst = burst();
+  Figures cold_single = one_by_one();
   Figures cold_cycles = Measure(4 * pool_size, kInFlight, cycle);
 
   // Idle sandboxes, in three steps, with the creation rate at each.
@@ -174,18 +189,20 @@ int Body(int argc, char** argv) {
   // The agents' own share: their resident private memory.
   double agent_private_kib = 0;
   {
-    auto pids = RunCommand({.argv = {"pgrep", "-f", "strata-agent"}});
     int counted = 0;
-    std::istringstream in(pids.ok() ? pids->out : "");
-    for (std::string pid; in >> pid && counted < 50; ++counted) {
+    for (int i = 0; i < idle && counted < 50; ++i) {
+      std::ifstream procs(StrCat("/sys/fs/cgroup/pids/strata-bench/", held[static_cast<size_t>(i)], "/cgroup.procs"));
+      std::string pid;
+      if (!(procs >> pid)) continue;
       std::ifstream rollup("/proc/" + pid + "/smaps_rollup");
-      std::string k;
+      std::string k, rest;
       double v;
-      std::string rest;
+      std::getline(rollup, rest);  // (the header line)
       while (rollup >> k >> v) {
         std::getline(rollup, rest);
         if (k == "Private_Clean:" || k == "Private_Dirty:") agent_private_kib += v;
       }
+      ++counted;
     }
     if (counted > 0) agent_private_kib /= counted;
   }
@@ -223,6 +240,9 @@ int Body(int argc, char** argv) {
   t.Add({StrCat("burst of ", pool_size, ": create -> first exec, warm pool"), Fixed(warm_burst.p50_ms, 2), Fixed(warm_burst.p99_ms, 2),
          Fixed(warm_burst.per_second, 1), "same, cold", Fixed(cold_burst.p50_ms, 2), Fixed(cold_burst.per_second, 1),
          Fixed(warm_burst.per_second / cold_burst.per_second, 2) + " (rate)"});
+  t.Add({StrCat(pool_size, " one at a time: create -> first exec, warm pool"), Fixed(warm_single.p50_ms, 2), Fixed(warm_single.p99_ms, 2),
+         Fixed(warm_single.per_second, 1), "same, cold", Fixed(cold_single.p50_ms, 2), Fixed(cold_single.per_second, 1),
+         Fixed(warm_single.p50_ms / cold_single.p50_ms, 2) + " (p50)"});
   t.Add({StrCat(4 * pool_size, " create -> exec -> destroy, pool refilling"), Fixed(warm_cycles.p50_ms, 2), Fixed(warm_cycles.p99_ms, 2),
          Fixed(warm_cycles.per_second, 1), "same, cold", Fixed(cold_cycles.p50_ms, 2), Fixed(cold_cycles.per_second, 1),
          Fixed(warm_cycles.per_second / cold_cycles.per_second, 2) + " (rate)"});

@@ -280,6 +280,42 @@ TEST_F(ApiTest, TheNodeRefusesWhatItCannotTakeAndSaysWhenToRetry) {
   ASSERT_OK_AND_ASSIGN(auto low, As(bob_).Raw("POST", "/v1/sandboxes", CreateBody().dump()));
   EXPECT_EQ(low.status, 503) << low.body;
   EXPECT_NE(low.body.find("memory"), std::string::npos) << low.body;
+  StopDaemon(SIGTERM);
+
+  // A memory capacity: the sandboxes' parent cgroup is capped at it, and
+  // limits (each with the agent's 64 MiB reserve) may not pass it.
+  Serve({"--memory-capacity", "400M", "--disk-reserve", "1M"});
+  EXPECT_EQ(ReadFileToString(StrCat("/sys/fs/cgroup/memory/", cgroup_parent_, "/memory.limit_in_bytes")).value_or(""),
+            StrCat(400 << 20, "\n"));
+  auto bob2 = As(bob_);
+  const std::string with_limit = CreateBody({{"memory", "100M"}}).dump();
+  std::vector<std::string> held;
+  for (int i = 0; i < 2; ++i) {  // 2 x 164 MiB fit in 400
+    ASSERT_OK_AND_ASSIGN(auto r, bob2.Raw("POST", "/v1/sandboxes", with_limit));
+    ASSERT_EQ(r.status, 201) << r.body;
+    held.push_back(json::parse(r.body)["id"]);
+  }
+  ASSERT_OK_AND_ASSIGN(auto over, bob2.Raw("POST", "/v1/sandboxes", with_limit));
+  EXPECT_EQ(over.status, 503) << over.body;
+  EXPECT_NE(over.body.find("--memory-capacity"), std::string::npos) << over.body;
+  ASSERT_OK_AND_ASSIGN(auto health2, client_->Raw("GET", "/v1/health", ""));
+  json h2 = json::parse(health2.body);
+  EXPECT_EQ(h2["headroom"]["memory_committed"], 2 * (164 << 20)) << health2.body;
+  EXPECT_EQ(h2["headroom"]["memory_capacity"], 400 << 20) << health2.body;
+  EXPECT_GT(h2["headroom"]["pids_available"].get<uint64_t>(), 4096u) << health2.body;
+  ASSERT_OK(bob2.Destroy(held.back()));
+  held.pop_back();
+  ASSERT_OK_AND_ASSIGN(auto again, bob2.Raw("POST", "/v1/sandboxes", with_limit));
+  EXPECT_EQ(again.status, 201) << again.body;
+  if (again.status == 201) held.push_back(json::parse(again.body)["id"]);
+  for (const auto& id2 : held) EXPECT_OK(bob2.Destroy(id2));
+  StopDaemon(SIGTERM);
+  ::rmdir(StrCat("/sys/fs/cgroup/memory/", cgroup_parent_).c_str());
+  // A disk reserve larger than the uppers: nothing is admitted.
+  Serve({"--disk-reserve", "100T"});
+  ASSERT_OK_AND_ASSIGN(auto no_disk, As(bob_).Raw("POST", "/v1/sandboxes", CreateBody().dump()));
+  EXPECT_EQ(no_disk.status, 503) << no_disk.body;
+  EXPECT_NE(no_disk.body.find("--disk-reserve"), std::string::npos) << no_disk.body;
 }
 
 TEST_F(ApiTest, RetriesWithAnIdempotencyKeyDoTheWorkOnce) {
