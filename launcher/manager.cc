@@ -542,7 +542,7 @@ Status SandboxManager::RecordWarmPool(const WarmPool& pool) {
 
 void SandboxManager::SetWarmAdmission(std::function<WarmVerdict(size_t)> admit) {
   {
-    std::lock_guard lock(warm_mu_);
+    std::lock_guard lock(admit_mu_);  // (waits for a call in progress)
     warm_admit_ = std::move(admit);
   }
   warm_cv_.notify_all();
@@ -665,12 +665,13 @@ void SandboxManager::FillWarm() {
     size_t held = 0;
     for (auto& [key, p] : warm_) held += p->ready.size() + static_cast<size_t>(p->filling);
     WarmVerdict verdict;
-    if (warm_admit_) {
-      lock.unlock();
-      verdict = warm_admit_(held);
-      lock.lock();
-      if (warm_stopping_) break;
+    lock.unlock();
+    {
+      std::lock_guard admit_lock(admit_mu_);
+      if (warm_admit_) verdict = warm_admit_(held);
     }
+    lock.lock();
+    if (warm_stopping_) break;
     // Surplus first: a shrunk pool's, or any under memory pressure.
     std::shared_ptr<Sandbox> surplus;
     std::shared_ptr<WarmPool> from;

@@ -104,7 +104,8 @@ class SandboxManager {
   nlohmann::json WarmPools();
   // Whether the node has room for one more warm sandbox: OK, or why not
   // (`shed`: memory is short, so ready ones should go too). Set by the
-  // API server, which owns the node's admission settings.
+  // API server, which owns the node's admission settings, and reset to
+  // null before it goes (the call returns once no check is running).
   struct WarmVerdict {
     Status status;
     bool shed = false;
@@ -202,6 +203,7 @@ class SandboxManager {
   std::vector<std::shared_ptr<Pool>> retired_;
   std::mutex warm_mu_;  // taken after mu_ when both are needed
   std::map<std::string, std::shared_ptr<WarmPool>> warm_;  // by key
+  std::mutex admit_mu_;  // held while warm_admit_ runs or changes
   std::function<WarmVerdict(size_t)> warm_admit_;
   std::condition_variable warm_cv_;
   std::vector<std::thread> fillers_;

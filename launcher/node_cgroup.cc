@@ -3,6 +3,8 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <cstdlib>
+
 #include "common/fs.h"
 #include "common/strings.h"
 #include "common/unique_fd.h"
@@ -44,6 +46,11 @@ Status LimitSandboxMemory(const std::string& cgroup_parent, uint64_t capacity) {
     STRATA_RETURN_IF_ERROR(WriteTo(dir + "/memory.memsw.limit_in_bytes", StrCat(capacity)).Annotate("--memory-capacity"));
   }
   return OkStatus();
+}
+
+uint64_t SandboxMemoryUsage(const std::string& cgroup_parent) {
+  auto text = ReadFileToString("/sys/fs/cgroup/memory/" + cgroup_parent + "/memory.usage_in_bytes");
+  return text.ok() ? std::strtoull(text->c_str(), nullptr, 10) : 0;
 }
 
 }  // namespace strata::launcher

@@ -34,5 +34,7 @@ Status PlaceNodeProcesses(const std::string& cgroup_parent);
 // behave, the kernel reclaims and OOM-kills among them, not the node's
 // processes, which are outside it.
 Status LimitSandboxMemory(const std::string& cgroup_parent, uint64_t capacity);
+// What all sandboxes together use now (their parent's memory.usage_in_bytes; 0 when unknown).
+uint64_t SandboxMemoryUsage(const std::string& cgroup_parent);
 
 }  // namespace strata::launcher

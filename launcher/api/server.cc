@@ -24,6 +24,7 @@
 #include "common/units.h"
 #include "launcher/agent/protocol.h"
 #include "launcher/api/tar_bridge.h"
+#include "launcher/node_cgroup.h"
 
 namespace strata::launcher {
 
@@ -340,7 +341,7 @@ Result<std::unique_ptr<LauncherServer>> LauncherServer::Start(const ServeOptions
   // their ready sandboxes go when memory falls below the reserve, or when
   // sandboxes in use and ready ones pass --max-sandboxes.
   manager.SetWarmAdmission([max = options.max_sandboxes, reserve = options.memory_reserve, capacity = options.memory_capacity,
-                            m = &manager](size_t held) {
+                            m = &manager, s_ptr = s.get()](size_t held) {
     SandboxManager::WarmVerdict v;
     const int64_t in_use = static_cast<int64_t>(m->Count());
     if (max > 0 && in_use + static_cast<int64_t>(held) >= max) {
@@ -351,7 +352,7 @@ Result<std::unique_ptr<LauncherServer>> LauncherServer::Start(const ServeOptions
       v.status = Error(EAGAIN, StrCat("memory limits at --memory-capacity ", FormatBytes(capacity)));
     }
     if (reserve > 0) {
-      const uint64_t available = MemAvailable();
+      const uint64_t available = s_ptr->SandboxMemoryAvailable();
       if (available < reserve + kWarmMemoryMargin) {
         v.status = Error(ENOMEM, StrCat("memory available ", FormatBytes(available), " is near the reserve ", FormatBytes(reserve)));
         v.shed |= available < reserve;
@@ -430,6 +431,7 @@ Result<std::unique_ptr<LauncherServer>> LauncherServer::Start(const ServeOptions
 }
 
 LauncherServer::~LauncherServer() {
+  manager_.SetWarmAdmission(nullptr);  // (it asks this server)
   // Listeners first: no handler runs once they are gone.
   tcp_.clear();
   unix_.reset();
@@ -476,8 +478,19 @@ Status LauncherServer::CheckOwner(const std::string& id, const Caller& caller) {
   return OkStatus();
 }
 
+// The memory sandboxes may still take: MemAvailable, and with
+// --memory-capacity no more than what their parent cgroup has left.
+uint64_t LauncherServer::SandboxMemoryAvailable() const {
+  uint64_t available = MemAvailable();
+  if (options_.memory_capacity > 0) {
+    const uint64_t used = SandboxMemoryUsage(manager_.node().cgroup_parent);
+    available = std::min(available, options_.memory_capacity > used ? options_.memory_capacity - used : 0);
+  }
+  return available;
+}
+
 Status LauncherServer::Admit(const Caller& caller, uint64_t memory) {
-  const uint64_t available = options_.memory_reserve > 0 ? MemAvailable() : 0;  // (read before the lock)
+  const uint64_t available = options_.memory_reserve > 0 ? SandboxMemoryAvailable() : 0;  // (read before the lock)
   const uint64_t committed = options_.memory_capacity > 0 ? manager_.CommittedMemory() : 0;
   const Headroom room = NodeHeadroom();
   std::lock_guard lock(admission_mu_);
@@ -501,7 +514,8 @@ Status LauncherServer::Admit(const Caller& caller, uint64_t memory) {
   }
   if (options_.memory_reserve > 0) {
     if (available < options_.memory_reserve) {
-      return Error(EAGAIN, StrCat("node low on memory: ", FormatBytes(available), " available, below the reserve of ",
+      return Error(EAGAIN, StrCat("node low on memory: ", FormatBytes(available), " available",
+                                  options_.memory_capacity > 0 ? " to sandboxes" : "", ", below the reserve of ",
                                   FormatBytes(options_.memory_reserve), " (--memory-reserve)"));
     }
   }
@@ -552,7 +566,7 @@ json LauncherServer::Health() {
   json headroom = json::object();
   const size_t count = manager_.Count();
   headroom["slots"] = options_.max_sandboxes > 0 ? json(std::max<int64_t>(0, options_.max_sandboxes - static_cast<int64_t>(count))) : json(nullptr);
-  const uint64_t available = MemAvailable();
+  const uint64_t available = SandboxMemoryAvailable();
   headroom["memory_available"] = available;
   headroom["memory_reserve"] = options_.memory_reserve;
   const uint64_t committed = manager_.CommittedMemory();

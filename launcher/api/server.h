@@ -102,6 +102,7 @@ class LauncherServer {
     uint64_t pids_available = UINT64_MAX;
   };
   Headroom NodeHeadroom() const;
+  uint64_t SandboxMemoryAvailable() const;
   // `memory`: what the create commits of --memory-capacity.
   Status Admit(const Caller& caller, uint64_t memory = 0);
   void Admitted(const Caller& caller, uint64_t memory = 0);  // the reserved slot is taken or given back

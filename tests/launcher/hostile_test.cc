@@ -2,10 +2,13 @@
 // bomb, a memory hog, signals to PID 1 and to everything, zombies by the
 // thousand. Afterwards exec, cp, the grader's exec, snapshot and destroy
 // must still work, and nothing may leak.
+#include <algorithm>
 #include <fstream>
+#include <future>
 
 #include "common/fs.h"
 #include "launcher/node_cgroup.h"
+#include "lazyfs/client.h"
 #include "tests/launcher/fixture.h"
 
 namespace strata::launcher {
@@ -157,6 +160,72 @@ TEST_F(HostileTest, DestroyWorksDuringAForkBomb) {
   EXPECT_EQ(bomb.out, "started\n") << bomb.err;
   ASSERT_OK_AND_ASSIGN(auto destroyed, Cli({"destroy", id}));
   EXPECT_EQ(destroyed.exit_code, 0) << destroyed.err;
+  ExpectHostClean();
+}
+
+// Memory pressure inside a capacity of 1 GiB (so the test never endangers
+// the machine): while sandboxes hold most of it, creations are refused;
+// when they want more than there is, the kernel kills an offender's
+// command in the sandboxes' cgroup, never the daemon or lazyfs; a quiet
+// neighbour keeps answering.
+TEST_F(HostileTest, MemoryPressureKillsOffendersOnlyAndTheNodeRefusesMore) {
+  StartDaemon({"--memory-capacity", "1G", "--memory-reserve", "256M"});
+  const std::string quiet = Create();
+  const std::string hog = Create();
+  const std::string hog2 = Create();
+  ASSERT_FALSE(quiet.empty() || hog.empty() || hog2.empty());
+  lazyfs::Client lazyfs(dir_.Sub("lazyfs.sock"));
+  ASSERT_OK_AND_ASSIGN(json stats, lazyfs.Call("stats"));
+  const pid_t lazyfs_pid = stats["pid"].get<pid_t>();
+  auto exec_ms = [&](int n) {
+    std::vector<double> ms;
+    for (int i = 0; i < n; ++i) {
+      const auto t0 = std::chrono::steady_clock::now();
+      auto r = client_->Exec(quiet, {{"argv", {"true"}}}, [](int, std::string_view) {});
+      EXPECT_TRUE(r.ok() && r->exit_code == 0) << (r.ok() ? "" : r.status().ToString());
+      ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    }
+    std::sort(ms.begin(), ms.end());
+    return ms;
+  };
+  const std::vector<double> calm = exec_ms(30);
+  // The hog holds 800 MiB (dd's buffer, while sleep never reads the pipe).
+  auto held = std::async(std::launch::async, [&] { return Sh(hog, "dd if=/dev/zero bs=800M count=1 2>/dev/null | sleep 10", {"--timeout", "60s"}); });
+  const std::string usage = StrCat("/sys/fs/cgroup/memory/", cgroup_parent_, "/memory.usage_in_bytes");
+  auto used = [&] { return std::strtoull(ReadFileToString(usage).value_or("0").c_str(), nullptr, 10); };
+  for (int i = 0; i < 600 && used() < (uint64_t{780} << 20); ++i) ::usleep(20000);
+  ASSERT_GE(used(), uint64_t{780} << 20);
+  // Less than the reserve is left to sandboxes: no more are made.
+  ASSERT_OK_AND_ASSIGN(auto refused, client_->Raw("POST", "/v1/sandboxes", R"({"layers":["busybox:1"]})"));
+  EXPECT_EQ(refused.status, 503) << refused.body;
+  EXPECT_NE(refused.body.find("--memory-reserve"), std::string::npos) << refused.body;
+  // Another wants 400 MiB more than there is: the kernel kills within the
+  // sandboxes' cgroup (the largest, the first hog's dd), not the node.
+  auto more = Sh(hog2, "dd if=/dev/zero of=/dev/null bs=400M count=1 2>/dev/null; echo $?");
+  const std::vector<double> pressed = exec_ms(30);
+  auto first = held.get();
+  // (The pipeline ends as sleep does; the shell reports its dd "Killed".)
+  const bool first_killed = first.exit_code == 137 || first.err.find("Killed") != std::string::npos;
+  const bool second_killed = more.out != "0\n";
+  EXPECT_TRUE(first_killed || second_killed) << first.exit_code << " " << first.err << " / " << more.out;
+  EXPECT_TRUE(daemon_->Running());
+  EXPECT_EQ(::kill(lazyfs_pid, 0), 0) << "lazyfs was killed";
+  ASSERT_OK_AND_ASSIGN(json after, lazyfs.Call("stats"));
+  EXPECT_EQ(after["pid"].get<pid_t>(), lazyfs_pid);
+  for (const auto& id : {quiet, hog, hog2}) {
+    auto alive = Sh(id, "echo alive");
+    EXPECT_EQ(alive.out, "alive\n") << id << ": " << alive.err;
+  }
+  // The quiet neighbour's execs: p99 during the pressure against calm.
+  const double calm_p99 = calm[calm.size() * 99 / 100], pressed_p99 = pressed[pressed.size() * 99 / 100];
+  std::fprintf(stderr, "quiet neighbour exec p99: calm %.1f ms, under pressure %.1f ms\n", calm_p99, pressed_p99);
+  EXPECT_LT(pressed_p99, std::max(20 * calm_p99, 500.0));
+  // Memory back: creations are admitted again.
+  for (int i = 0; i < 500 && used() > (uint64_t{700} << 20); ++i) ::usleep(20000);
+  const std::string later = Create();
+  EXPECT_FALSE(later.empty());
+  for (const auto& id : {quiet, hog, hog2, later}) EXPECT_OK(client_->Destroy(id));
+  StopDaemon(SIGTERM);
   ExpectHostClean();
 }
 
