@@ -42,6 +42,11 @@ Subprocess StartBenchDaemon(const BusyboxLayer& layer) {
   return daemon;
 }
 
+void ExecOk(launcher::LauncherClient& client, const std::string& id, const nlohmann::json& request) {
+  auto r = Check(client.Exec(id, request, [](int, std::string_view) {}));
+  if (r.exit_code != 0) Check(Error(EIO, "exec in " + id + " failed"));
+}
+
 void StopBenchDaemon(Subprocess& daemon, const BusyboxLayer& layer) {
   daemon.Kill(SIGTERM);
   daemon.Wait().status().IgnoreError();

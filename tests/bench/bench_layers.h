@@ -4,8 +4,11 @@
 
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 #include "common/fs.h"
 #include "common/subprocess.h"
+#include "launcher/api/client.h"
 
 namespace strata::bench {
 
@@ -24,5 +27,8 @@ BusyboxLayer PublishBusybox();
 Subprocess StartBenchDaemon(const BusyboxLayer& layer);
 // Stops it and its lazyfs daemon and removes their cgroups.
 void StopBenchDaemon(Subprocess& daemon, const BusyboxLayer& layer);
+
+// Runs `request` in sandbox `id`, output dropped; throws unless it exits 0.
+void ExecOk(launcher::LauncherClient& client, const std::string& id, const nlohmann::json& request);
 
 }  // namespace strata::bench

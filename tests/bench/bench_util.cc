@@ -10,11 +10,24 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
+#include <fstream>
 #include <stdexcept>
 
 #include "common/fs.h"
 
 namespace strata::bench {
+
+uint64_t MemAvailableKiB() {
+  ::sync();
+  std::ofstream("/proc/sys/vm/drop_caches") << "3\n";
+  std::ifstream in("/proc/meminfo");
+  std::string key, unit;
+  uint64_t value;
+  while (in >> key >> value >> unit) {
+    if (key == "MemAvailable:") return value;
+  }
+  return 0;
+}
 
 std::string SelfDir() {
   char buf[4096];

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
@@ -37,6 +38,10 @@ class Table {
 };
 
 std::string Fixed(double v, int digits);
+
+// MemAvailable of /proc/meminfo in KiB, after syncing and dropping the
+// page cache (so that a difference is what something holds).
+uint64_t MemAvailableKiB();
 
 // The directory of this program (the build tree's tests/bench).
 std::string SelfDir();

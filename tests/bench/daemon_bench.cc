@@ -31,33 +31,10 @@
 #include "tests/bench/bench_util.h"
 #include "tests/testing/tree.h"
 
-namespace strata::bench {
-namespace {
-
-using nlohmann::json;
-
-
-
-uint64_t MemAvailableKiB() {
-  // Settle the page cache first, so the difference is what the sandboxes hold.
-  ::sync();
-  std::ofstream("/proc/sys/vm/drop_caches") << "3\n";
-  std::ifstream in("/proc/meminfo");
-  std::string key;
-  uint64_t value;
-  std::string unit;
-  while (in >> key >> value >> unit) {
-    if (key == "MemAvailable:") return value;
-  }
-  return 0;
-}
-
-}  // namespace
-}  // namespace strata::bench
-
 static int Body(int argc, char** argv) {
   using namespace strata;
   using namespace strata::bench;
+  using nlohmann::json;
   const int cycles = argc > 1 ? std::atoi(argv[1]) : 200;
   const int idle = argc > 2 ? std::atoi(argv[2]) : 500;
   constexpr int kInFlight = 8;
@@ -71,10 +48,7 @@ static int Body(int argc, char** argv) {
   launcher::LauncherClient client(dir.Sub("launcher.sock"));
   const json spec = {{"layers", {"bench:1"}}, {"store", store}};
   const json true_cmd = {{"argv", {"true"}}};
-  auto exec_ok = [&](const std::string& id, const json& req) {
-    auto r = Check(client.Exec(id, req, [](int, std::string_view) {}));
-    if (r.exit_code != 0) Check(Error(EIO, "exec in " + id + " failed"));
-  };
+  auto exec_ok = [&](const std::string& id, const json& req) { ExecOk(client, id, req); };
   auto cycle = [&](int) {
     json info = Check(client.Create(spec));
     std::string id = info["id"];

@@ -32,18 +32,6 @@ namespace {
 
 using nlohmann::json;
 
-uint64_t MemAvailableKiB() {
-  ::sync();
-  std::ofstream("/proc/sys/vm/drop_caches") << "3\n";
-  std::ifstream in("/proc/meminfo");
-  std::string key, unit;
-  uint64_t value;
-  while (in >> key >> value >> unit) {
-    if (key == "MemAvailable:") return value;
-  }
-  return 0;
-}
-
 // Where memory goes: /proc/meminfo's kernel and process fields and every
 // slab cache's bytes (active objects x object size), in KiB.
 using Snapshot = std::map<std::string, double>;
@@ -107,10 +95,7 @@ int Body(int argc, char** argv) {
   // No limits, as crun's default spec has none.
   const json spec = {{"layers", {"bench:1"}}, {"store", layer.store}};
   const json true_cmd = {{"argv", {"true"}}};
-  auto exec_ok = [&](const std::string& id) {
-    auto r = Check(client.Exec(id, true_cmd, [](int, std::string_view) {}));
-    if (r.exit_code != 0) Check(Error(EIO, "exec in " + id + " failed"));
-  };
+  auto exec_ok = [&](const std::string& id) { ExecOk(client, id, true_cmd); };
   auto cycle = [&](int) {
     std::string id = Check(client.Create(spec))["id"];
     exec_ok(id);
