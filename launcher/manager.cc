@@ -318,6 +318,7 @@ Status SandboxManager::Recover() {
       auto entry = std::make_shared<Entry>();
       entry->id = id;
       entry->warm_pool = record.value("warm", "");
+      entry->memory_commit = MemoryCommit((*sandbox)->spec());
       entry->owner = record.value("owner", "");
       entry->ttl = record.value("ttl", int64_t{0});
       entry->last_call_ms = NowMs();
@@ -506,6 +507,7 @@ Result<json> SandboxManager::Create(SandboxSpec spec, const std::string& owner) 
   }
   auto entry = std::make_shared<Entry>();
   entry->id = id;
+  entry->memory_commit = MemoryCommit(spec);
   entry->owner = owner;
   entry->ttl = spec.ttl_seconds;
   entry->last_call_ms = NowMs();
@@ -641,6 +643,7 @@ Result<std::optional<json>> SandboxManager::TakeWarm(const SandboxSpec& spec, co
   auto entry = std::make_shared<Entry>();
   entry->id = spec.id;
   entry->warm_pool = pool->name;
+  entry->memory_commit = MemoryCommit(sb->spec());
   entry->owner = owner;
   entry->ttl = spec.ttl_seconds;
   entry->last_call_ms = NowMs();
@@ -1087,26 +1090,17 @@ size_t SandboxManager::Count() {
 }
 
 uint64_t SandboxManager::CommittedMemory() {
-  auto commit = [](const Sandbox& sb) { return sb.spec().limits.memory > 0 ? sb.spec().limits.memory + kAgentReserveMemory : 0; };
   uint64_t sum = 0;
-  std::vector<std::shared_ptr<Entry>> entries;
   {
     std::lock_guard lock(mu_);
-    for (auto& [id, e] : sandboxes_) entries.push_back(e);
-  }
-  for (auto& e : entries) {
-    std::lock_guard lock(e->mu);
-    if (e->sandbox) sum += commit(*e->sandbox);
+    for (auto& [id, e] : sandboxes_) sum += e->memory_commit;
   }
   {
     std::lock_guard lock(pools_mu_);
-    for (auto& [key, p] : pools_) sum += commit(*p->warm);
+    for (auto& [key, p] : pools_) sum += MemoryCommit(p->warm->spec());
   }
   std::lock_guard lock(warm_mu_);
-  for (auto& [key, p] : warm_) {
-    for (auto& sb : p->ready) sum += commit(*sb);
-    sum += static_cast<uint64_t>(p->filling) * (p->spec.limits.memory > 0 ? p->spec.limits.memory + kAgentReserveMemory : 0);
-  }
+  for (auto& [key, p] : warm_) sum += (p->ready.size() + static_cast<size_t>(p->filling)) * MemoryCommit(p->spec);
   return sum;
 }
 

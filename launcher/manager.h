@@ -154,6 +154,7 @@ class SandboxManager {
     SandboxSpec spec;                  // fncall: the caller's (env, workdir)
     std::string id;
     std::string warm_pool;  // the warm pool it was taken from (its sandbox has an id of its own)
+    uint64_t memory_commit = 0;  // MemoryCommit of its spec (fixed at create)
     std::string owner;  // tenant; "" for the operator's
     int64_t created = 0;
     int64_t ttl = 0;    // seconds after the last call; 0: none

@@ -199,12 +199,6 @@ Status CheckSandboxPath(const std::string& path) {
   return OkStatus();
 }
 
-// What a sandbox commits of --memory-capacity: its limit and the agent's
-// reserve beside it (its cgroup's limit); none without a limit.
-uint64_t CommitOf(const SandboxSpec& spec) {
-  return spec.limits.memory > 0 && spec.backend == "container" ? spec.limits.memory + kAgentReserveMemory : 0;
-}
-
 // Creations are refused with fewer free inodes on the uppers (where the
 // filesystem counts them) or process ids left under kernel.pid_max.
 constexpr uint64_t kInodeReserve = 4096;
@@ -764,14 +758,14 @@ Response LauncherServer::Create(const Request& req, const json& body, const Call
       else outcomes[i].error = info.status();
       return;
     }
-    if (Status a = Admit(caller, CommitOf(*spec)); !a.ok()) {
+    if (Status a = Admit(caller, MemoryCommit(*spec)); !a.ok()) {
       outcomes[i].error = a;
       return;
     }
     SandboxSpec one = *spec;
     one.id = ids[i];
     auto info = manager_.Create(std::move(one), caller.scope());
-    Admitted(caller, CommitOf(*spec));
+    Admitted(caller, MemoryCommit(*spec));
     if (info.ok()) outcomes[i].info = std::move(*info);
     else outcomes[i].error = info.status();
   };

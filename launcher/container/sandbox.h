@@ -148,6 +148,13 @@ class Sandbox {
   std::atomic<int> agent_version_{0};  // its ping's, once asked
 };
 
+// What a container sandbox of `spec` takes of the node's memory capacity:
+// its cgroup's limit, the memory limit and the agent's reserve beside it;
+// none without a limit (and none for a function call, whose pool holds it).
+inline uint64_t MemoryCommit(const SandboxSpec& spec) {
+  return spec.limits.memory > 0 && spec.backend == "container" ? spec.limits.memory + kAgentReserveMemory : 0;
+}
+
 // A new random sandbox id, "sb-" and 12 hex digits.
 std::string NewSandboxId();
 
