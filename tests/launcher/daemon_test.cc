@@ -397,7 +397,9 @@ TEST_F(DaemonTest, ASnapshotStartsNewSandboxesWhereTheAgentLeftOff) {
                                        "rm -rf /mnt && mkdir /mnt && touch /mnt/fresh"}));
   ASSERT_EQ(work.exit_code, 0) << work.err;
   // A process keeps running across the snapshot: it is frozen only briefly.
-  ASSERT_OK_AND_ASSIGN(auto bg, Cli({"exec", id, "--", "sh", "-c", "(while :; do date +%s%N > /tmp/tick; sleep 0.01; done) >/dev/null 2>&1 &"}));
+  // The exec returns once it has written, so the snapshot holds its file.
+  ASSERT_OK_AND_ASSIGN(auto bg, Cli({"exec", id, "--", "sh", "-c", "(while :; do date +%s%N > /tmp/tick; sleep 0.01; done) >/dev/null 2>&1 & "
+                                     "while [ ! -s /tmp/tick ]; do sleep 0.01; done"}));
   ASSERT_EQ(bg.exit_code, 0) << bg.err;
 
   ASSERT_OK_AND_ASSIGN(json snap, client_->Snapshot(id, "env:1"));
