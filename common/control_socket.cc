@@ -1,6 +1,8 @@
 // Node-local control sockets: JSON requests and answers in frames.
 #include "common/control_socket.h"
 
+#include <fcntl.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -19,38 +21,69 @@ using nlohmann::json;
 
 namespace {
 
-enum : uint8_t { kRequest = 1, kAnswer = 2, kError = 3 };
+enum : uint8_t { kRequest = 1, kAnswer = 2, kError = 3, kHello = 4 };
 
 }  // namespace
 
 Result<std::unique_ptr<ControlServer>> ControlServer::ListenUnix(const std::string& socket_path, mode_t mode,
-                                                                 ControlHandler handler) {
+                                                                 ControlHandler handler, int protocol) {
   STRATA_ASSIGN_OR_RETURN(UniqueFd listener, strata::ListenUnix(socket_path, mode));
+  return Start(std::move(listener), socket_path, std::move(handler), protocol, /*owns_path=*/true);
+}
+
+Result<std::unique_ptr<ControlServer>> ControlServer::Serve(UniqueFd listener, std::string socket_path,
+                                                            ControlHandler handler, int protocol) {
+  return Start(std::move(listener), std::move(socket_path), std::move(handler), protocol, /*owns_path=*/false);
+}
+
+Result<std::unique_ptr<ControlServer>> ControlServer::Start(UniqueFd listener, std::string socket_path,
+                                                            ControlHandler handler, int protocol, bool owns_path) {
   std::unique_ptr<ControlServer> server(new ControlServer());
-  server->socket_path_ = socket_path;
+  int wake[2];
+  if (::pipe2(wake, O_CLOEXEC) != 0) return ErrnoError(errno, "control socket: pipe");
+  server->wake_[0] = UniqueFd(wake[0]);
+  server->wake_[1] = UniqueFd(wake[1]);
+  server->socket_path_ = std::move(socket_path);
   server->handler_ = std::move(handler);
+  server->protocol_ = protocol;
+  server->owns_path_ = owns_path;
   server->listener_ = std::move(listener);
   server->acceptor_ = std::thread([s = server.get()] { s->AcceptLoop(); });
   return server;
 }
 
+void ControlServer::Drain() {
+  stopping_ = true;
+  // Not shutdown(2): a listener handed over stays open for the next server.
+  ssize_t w = ::write(wake_[1].get(), "x", 1);
+  (void)w;
+  if (acceptor_.joinable()) acceptor_.join();
+  std::unique_lock lock(mu_);
+  idle_.wait(lock, [&] { return running_ == 0; });
+}
+
 ControlServer::~ControlServer() {
   stopping_ = true;
-  ::shutdown(listener_.get(), SHUT_RDWR);  // wakes accept()
+  ssize_t w = ::write(wake_[1].get(), "x", 1);
+  (void)w;
   if (acceptor_.joinable()) acceptor_.join();
   std::unique_lock lock(mu_);
   // Callers still connected get their connection ended: a handler waiting
   // on one returns at once (a running mount still finishes).
   for (int fd : live_) ::shutdown(fd, SHUT_RDWR);
   idle_.wait(lock, [&] { return running_ == 0; });
-  ::unlink(socket_path_.c_str());
+  if (owns_path_) ::unlink(socket_path_.c_str());
 }
 
 void ControlServer::AcceptLoop() {
   while (!stopping_) {
-    int fd = ::accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC);
+    pollfd fds[2] = {{listener_.get(), POLLIN, 0}, {wake_[0].get(), POLLIN, 0}};
+    if (::poll(fds, 2, -1) < 0) continue;
+    if (stopping_ || (fds[1].revents & POLLIN)) return;
+    if (!(fds[0].revents & POLLIN)) continue;
+    int fd = ::accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (fd < 0) {
-      if (errno == EINTR || errno == ECONNABORTED) continue;
+      if (errno == EINTR || errno == ECONNABORTED || errno == EAGAIN) continue;
       if (stopping_) return;
       // Out of descriptors or memory: say so, and go on once there may be some.
       STRATA_LOG(kError) << "control socket " << socket_path_ << ": accept: " << std::strerror(errno);
@@ -59,6 +92,7 @@ void ControlServer::AcceptLoop() {
     }
     UniqueFd conn(fd);
     if (stopping_) return;
+    ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
     // A caller that stalls cannot hold a handler (and so the server's
     // shutdown) for long: it has this long to send and to take the answer.
     timeval tv{30, 0};
@@ -67,7 +101,7 @@ void ControlServer::AcceptLoop() {
     std::lock_guard lock(mu_);
     try {
       std::thread([this, c = std::make_shared<UniqueFd>(std::move(conn))] {
-        Serve(c->get());
+        Answer(c->get());
         std::lock_guard done(mu_);
         live_.erase(c->get());
         c->reset();  // closed while no shutdown can aim at its number
@@ -81,7 +115,7 @@ void ControlServer::AcceptLoop() {
   }
 }
 
-void ControlServer::Serve(int conn) {
+void ControlServer::Answer(int conn) {
   ControlRequest request;
   ucred cred{};
   socklen_t len = sizeof cred;
@@ -92,10 +126,17 @@ void ControlServer::Serve(int conn) {
   }
   uint8_t type = 0;
   std::string payload;
+  // The greeting first: a caller of another release stops here.
+  if (!WriteFrame(conn, kHello, json{{"protocol", protocol_}, {"pid", ::getpid()}}.dump()).ok()) return;
   Result<json> answer = Error(EPROTO, "control socket: malformed request");
   if (ReadFrame(conn, &type, &payload).ok() && type == kRequest) {
     json j = json::parse(payload, nullptr, false);
-    if (j.is_object() && j.contains("op") && j["op"].is_string()) {
+    const int theirs = j.is_object() && j.contains("protocol") && j["protocol"].is_number_integer() ? j["protocol"].get<int>() : 0;
+    if (j.is_object() && theirs != protocol_) {
+      answer = Error(EPROTO, StrCat("control socket ", socket_path_, " speaks protocol ", protocol_, "; the caller speaks ",
+                                    theirs ? std::to_string(theirs) : std::string("none (an older release)"),
+                                    ": run client and daemon of one release"));
+    } else if (j.is_object() && j.contains("op") && j["op"].is_string()) {
       request.op = j["op"].get<std::string>();
       request.args = j.contains("args") && j["args"].is_object() ? j["args"] : json::object();
       try {
@@ -114,17 +155,34 @@ void ControlServer::Serve(int conn) {
   }
 }
 
-Result<json> ControlCall(const std::string& socket_path, std::string_view op, const json& args, Duration timeout) {
+Result<json> ControlCall(const std::string& socket_path, std::string_view op, const json& args, Duration timeout,
+                         int protocol) {
   STRATA_ASSIGN_OR_RETURN(UniqueFd fd, ConnectUnix(socket_path, timeout));
-  json request = {{"op", op}, {"args", args.is_object() ? args : json::object()}};
+  json request = {{"op", op}, {"args", args.is_object() ? args : json::object()}, {"protocol", protocol}};
   STRATA_RETURN_IF_ERROR(WriteFrame(fd.get(), kRequest, request.dump()).Annotate(StrCat(op, " on ", socket_path)));
   uint8_t type = 0;
   std::string payload;
-  Status read = ReadFrame(fd.get(), &type, &payload);
-  if (!read.ok()) {
-    if (read.code() == EAGAIN) return Error(ETIMEDOUT, StrCat(op, " on ", socket_path, ": no answer in time"));
-    return read.Annotate(StrCat(op, " on ", socket_path));
+  auto read = [&]() -> Status {
+    Status s = ReadFrame(fd.get(), &type, &payload);
+    if (s.ok()) return s;
+    if (s.code() == EAGAIN) return Error(ETIMEDOUT, StrCat(op, " on ", socket_path, ": no answer in time"));
+    if (s.code() == ENODATA || s.code() == ECONNRESET || s.code() == EPIPE) {
+      return Error(ECONNRESET, StrCat(op, " on ", socket_path, ": the server closed the connection before answering"));
+    }
+    return s.Annotate(StrCat(op, " on ", socket_path));
+  };
+  STRATA_RETURN_IF_ERROR(read());
+  if (type != kHello) {
+    return Error(EPROTO, StrCat(op, " on ", socket_path, ": the server speaks no protocol version (an older release; "
+                                "this client speaks ", protocol, "): run client and daemon of one release"));
   }
+  json hello = json::parse(payload, nullptr, false);
+  const int theirs = hello.is_object() ? hello.value("protocol", 0) : 0;
+  if (theirs != protocol) {
+    return Error(EPROTO, StrCat(op, " on ", socket_path, ": the server speaks protocol ", theirs, ", this client ", protocol,
+                                ": run client and daemon of one release"));
+  }
+  STRATA_RETURN_IF_ERROR(read());
   json j = json::parse(payload, nullptr, false);
   if (!j.is_object()) return Error(EPROTO, StrCat(op, " on ", socket_path, ": the answer is not a JSON object"));
   if (type == kError) {

@@ -15,8 +15,19 @@ namespace strata::lazyfs {
 using nlohmann::json;
 
 Result<json> Client::Call(std::string_view op, const json& args) {
-  // Mounting fetches a layer's metadata, which may take a while.
-  return ControlCall(socket_path_, op, args, std::chrono::seconds(300));
+  // Mounting fetches a layer's metadata, which may take a while. A serving
+  // process that dies (or hands over) under a request closes its
+  // connection unanswered: the request goes again to its successor, which
+  // the supervisor starts at once. Every request is safe to repeat: a
+  // repeated mount answers the mount made, a repeated release or umount of
+  // what the first one removed is what was asked.
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  for (int attempt = 0;; ++attempt) {
+    auto r = ControlCall(socket_path_, op, args, std::chrono::seconds(300), kControlProtocol);
+    if (attempt > 0 && !r.ok() && r.status().code() == ENOENT && (op == "release" || op == "umount")) return json::object();
+    if (r.ok() || r.status().code() != ECONNRESET || std::chrono::steady_clock::now() > deadline) return r;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
 }
 
 bool Client::Alive() { return ::access(socket_path_.c_str(), F_OK) == 0 && Call("health").ok(); }

@@ -11,6 +11,10 @@
 
 namespace strata::lazyfs {
 
+// The control socket's protocol (common/control_socket.h): 2 is frames with
+// the greeting. Client and daemon of one release speak the same.
+inline constexpr int kControlProtocol = 2;
+
 class Client {
  public:
   explicit Client(std::string socket_path) : socket_path_(std::move(socket_path)) {}

@@ -7,6 +7,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -15,6 +17,7 @@
 #include "common/log.h"
 #include "common/mount.h"
 #include "common/strings.h"
+#include "lazyfs/client.h"
 
 namespace strata::lazyfs {
 
@@ -68,17 +71,47 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
   return d;
 }
 
+namespace {
+json InitMeta(const FuseInit& init) {
+  auto hex = [](const std::string& b) {
+    return HexEncode(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(b.data()), b.size()));
+  };
+  return {{"init_request", hex(init.request)}, {"init_reply", hex(init.reply)}};
+}
+
+FuseInit InitFromMeta(const json& meta) {
+  auto bytes = [&](const char* key) {
+    auto v = HexDecode(meta.value(key, std::string()));
+    return v ? std::string(v->begin(), v->end()) : std::string();
+  };
+  return {bytes("init_request"), bytes("init_reply")};
+}
+
+std::string TreeName(const Digest128& digest) { return "tree:" + digest.Hex(); }
+
+std::vector<std::string> FileNames(const std::string& dir) {
+  std::vector<std::string> names;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) names.push_back(e.path().filename().string());
+  return names;
+}
+}  // namespace
+
 Status Daemon::Init() {
   STRATA_RETURN_IF_ERROR(MakeDirs(state_dir_ + "/layers", 0700));
   STRATA_RETURN_IF_ERROR(MakeDirs(state_dir_ + "/trees", 0700));
-  STRATA_ASSIGN_OR_RETURN(lock_fd_, OpenFile(state_dir_ + "/daemon.lock", O_RDWR | O_CREAT, 0600));
-  if (::flock(lock_fd_.get(), LOCK_EX | LOCK_NB) != 0) {
-    return Error(EEXIST, StrCat("another lazyfs daemon holds ", state_dir_, "/daemon.lock"));
-  }
-  // A daemon that died left its mounts: they only answer errors now.
-  for (const auto& mp : MountsBelow(state_dir_)) {
-    STRATA_LOG(kWarn) << "lazyfs: removing stale mount " << mp << " left by a previous daemon";
-    ::umount2(mp.c_str(), MNT_DETACH);
+  STRATA_RETURN_IF_ERROR(MakeDirs(state_dir_ + "/state", 0700));
+  std::map<std::string, SupervisorLink::Kept> kept;
+  if (options_.supervisor_fd >= 0) {
+    // The supervisor holds the lock and the socket; it hands over the
+    // descriptors a predecessor left.
+    STRATA_ASSIGN_OR_RETURN(link_, SupervisorLink::Join(options_.supervisor_fd));
+    kept.swap(link_->kept());
+  } else {
+    STRATA_ASSIGN_OR_RETURN(lock_fd_, OpenFile(state_dir_ + "/daemon.lock", O_RDWR | O_CREAT, 0600));
+    if (::flock(lock_fd_.get(), LOCK_EX | LOCK_NB) != 0) {
+      return Error(EEXIST, StrCat("another lazyfs daemon holds ", state_dir_, "/daemon.lock"));
+    }
   }
   cache::ChunkCacheOptions cache_options;
   cache_options.dir = options_.cache_dir;
@@ -87,11 +120,241 @@ Status Daemon::Init() {
   cache_options.fetch_threads = options_.fetch_threads;
   cache_options.max_background = options_.prefetch_threads;
   STRATA_ASSIGN_OR_RETURN(cache_, cache::ChunkCache::Open(cache_options));
-  STRATA_ASSIGN_OR_RETURN(fs_, LayerFs::Mount(state_dir_ + "/fuse", !options_.erofs_directio));
-  STRATA_RETURN_IF_ERROR(MakeDirs(Dirname(options_.socket_path)));
-  STRATA_ASSIGN_OR_RETURN(server_, ControlServer::ListenUnix(options_.socket_path, 0600,
-                                                             [this](const ControlRequest& r) { return Handle(r); }));
+  const bool restore = kept.count("fuse") > 0;
+  if (restore) {
+    const auto start = std::chrono::steady_clock::now();
+    STRATA_RETURN_IF_ERROR(Restore(kept).Annotate("take over from the previous serving process"));
+    STRATA_LOG(kInfo) << "lazyfs: took over " << layers_.size() << " layers and " << binds_.size() << " mounts in "
+                      << std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count()
+                      << " ms";
+  } else {
+    // A daemon that died without a supervisor left mounts that only answer
+    // errors now, and state nobody can take over.
+    RemoveStaleMounts({});
+    for (const auto& name : FileNames(state_dir_ + "/state")) {
+      ::unlink((state_dir_ + "/state/" + name).c_str());
+    }
+    STRATA_ASSIGN_OR_RETURN(fs_, LayerFs::Mount(state_dir_ + "/fuse", !options_.erofs_directio));
+    KeepFuse("fuse", fs_->fuse());
+  }
+  for (auto& [name, k] : kept) {  // descriptors of mounts nobody serves now
+    if (name != "control" && link_) link_->Drop(name).IgnoreError();
+  }
+  {
+    std::lock_guard lock(mu_);
+    STRATA_ASSIGN_OR_RETURN(journal_, OpenFile(state_dir_ + "/state/journal", O_WRONLY | O_CREAT | O_APPEND, 0600));
+    if (restore) STRATA_RETURN_IF_ERROR(RewriteJournalLocked());
+  }
+  auto handler = [this](const ControlRequest& r) { return Handle(r); };
+  if (link_) {
+    auto control = kept.find("control");
+    if (control == kept.end()) return Error(EPROTO, "the supervisor handed over no control socket");
+    STRATA_ASSIGN_OR_RETURN(server_, ControlServer::Serve(std::move(control->second.fd), options_.socket_path, handler,
+                                                          kControlProtocol));
+  } else {
+    STRATA_RETURN_IF_ERROR(MakeDirs(Dirname(options_.socket_path)));
+    STRATA_ASSIGN_OR_RETURN(server_, ControlServer::ListenUnix(options_.socket_path, 0600, handler, kControlProtocol));
+  }
   maintainer_ = std::thread([this] { Maintain(); });
+  if (link_) STRATA_RETURN_IF_ERROR(link_->Ready());
+  return OkStatus();
+}
+
+void Daemon::RemoveStaleMounts(const std::set<std::string>& live) {
+  for (const auto& mp : MountsBelow(state_dir_)) {  // deepest first
+    if (live.count(mp)) continue;
+    STRATA_LOG(kWarn) << "lazyfs: removing stale mount " << mp << " left by a previous daemon";
+    ::umount2(mp.c_str(), MNT_DETACH);
+  }
+}
+
+void Daemon::KeepFuse(const std::string& name, const FuseMount& fuse) {
+  if (!link_) return;
+  Status s = link_->Keep(name, fuse.fd(), InitMeta(fuse.init()));
+  if (!s.ok()) STRATA_LOG(kError) << "lazyfs: " << name << ": " << s.ToString() << " (a crash would cut this mount)";
+}
+
+std::string Daemon::RecordPath(const LayerKey& key) const {
+  return StrCat(state_dir_, "/state/", key.first.Hex(), "-", MountModeName(key.second), ".record");
+}
+std::string Daemon::ManifestPath(const Digest128& digest) const {
+  return StrCat(state_dir_, "/state/", digest.Hex(), ".manifest");
+}
+
+Result<std::shared_ptr<ServedLayer>> Daemon::MakeLayer(const LayerKey& key, cache::Manifest manifest,
+                                                       const std::shared_ptr<cache::Catalog>& catalog, bool reuse) {
+  STRATA_ASSIGN_OR_RETURN(auto record, LayerRecord::Open(RecordPath(key), key.first,
+                                                         static_cast<uint32_t>(manifest.extents.size()), reuse));
+  auto layer = std::make_shared<ServedLayer>(key.first, std::move(manifest), catalog->shared_store(), *cache_,
+                                             std::move(record));
+  STRATA_RETURN_IF_ERROR(layer->Load());
+  return layer;
+}
+
+void Daemon::JournalLocked(const json& event) {
+  if (!journal_) return;
+  std::string line = event.dump(-1, ' ', false, json::error_handler_t::replace) + "\n";
+  if (::write(journal_.get(), line.data(), line.size()) != static_cast<ssize_t>(line.size())) {
+    STRATA_LOG(kError) << "lazyfs: journal: " << std::strerror(errno) << " (a crash would lose this change)";
+  }
+  // Rewritten from memory once mostly history: appends stay O(1) amortized.
+  if (++journal_events_ > 4096 && journal_events_ > 4 * (layers_.size() + binds_.size() + 1)) {
+    Status s = RewriteJournalLocked();
+    if (!s.ok()) STRATA_LOG(kError) << "lazyfs: " << s.ToString();
+  }
+}
+
+std::vector<json> Daemon::SnapshotLocked() const {
+  std::vector<json> events;
+  for (const auto& [key, entry] : layers_) {
+    if (!entry->layer) continue;  // loading: its events come when it is loaded
+    const std::string d = key.first.Hex(), m(MountModeName(key.second));
+    events.push_back({{"e", "layer"}, {"d", d}, {"m", m}, {"s", entry->store_url}});
+    for (const auto& h : entry->holders) events.push_back({{"e", "hold"}, {"d", d}, {"m", m}, {"h", h}});
+    for (const auto& [idmap, mount] : entry->idmapped) events.push_back({{"e", "view"}, {"d", d}, {"m", m}, {"i", idmap}});
+  }
+  for (const auto& [mp, bind] : binds_) {
+    events.push_back({{"e", "bind"}, {"p", mp}, {"d", bind.key.first.Hex()}, {"m", MountModeName(bind.key.second)}, {"r", bind.record}});
+  }
+  return events;
+}
+
+Status Daemon::RewriteJournalLocked() {
+  std::string text;
+  for (const auto& e : SnapshotLocked()) text += e.dump(-1, ' ', false, json::error_handler_t::replace) + "\n";
+  const std::string path = state_dir_ + "/state/journal";
+  STRATA_RETURN_IF_ERROR(WriteFileAtomic(path, text, /*durable=*/false, 0600).Annotate("rewrite the journal"));
+  STRATA_ASSIGN_OR_RETURN(journal_, OpenFile(path, O_WRONLY | O_APPEND, 0600));
+  journal_events_ = 0;
+  return OkStatus();
+}
+
+Status Daemon::Restore(std::map<std::string, SupervisorLink::Kept>& kept) {
+  // Replay the journal: what was loaded, held, viewed and bound.
+  struct Restored {
+    std::string store;
+    std::set<std::string> holders, views;
+  };
+  std::map<LayerKey, Restored> layers;
+  std::map<std::string, BindMount> binds;
+  auto text = ReadFileToString(state_dir_ + "/state/journal");
+  std::istringstream lines(text.ok() ? *text : std::string());
+  std::string line;
+  while (std::getline(lines, line)) {
+    json e = json::parse(line, nullptr, false);
+    if (!e.is_object()) continue;  // the torn last line of a crash
+    auto digest = Digest128::FromHex(e.value("d", std::string()));
+    auto mode = ParseMountMode(e.value("m", std::string()));
+    const std::string ev = e.value("e", std::string());
+    if (ev == "unbind") {
+      binds.erase(e.value("p", std::string()));
+      continue;
+    }
+    if (!digest || !mode.ok()) continue;
+    const LayerKey key{*digest, *mode};
+    if (ev == "layer") {
+      layers[key] = Restored{e.value("s", std::string()), {}, {}};
+    } else if (ev == "unload") {
+      layers.erase(key);
+    } else if (ev == "hold" && layers.count(key)) {
+      layers[key].holders.insert(e.value("h", std::string()));
+    } else if (ev == "release" && layers.count(key)) {
+      layers[key].holders.erase(e.value("h", std::string()));
+    } else if (ev == "view" && layers.count(key)) {
+      layers[key].views.insert(e.value("i", std::string()));
+    } else if (ev == "bind") {
+      binds[e.value("p", std::string())] = BindMount{key, MountPoint(), e.value("r", false)};
+    }
+  }
+  // The layers, with their records; kernel mode's all before LayerFs serves.
+  std::map<LayerKey, std::shared_ptr<ServedLayer>> served;
+  std::vector<std::shared_ptr<ServedLayer>> kernel_layers;
+  for (const auto& [key, r] : layers) {
+    const std::string hex = key.first.Hex();
+    auto catalog = CatalogFor(r.store);
+    Result<cache::Manifest> manifest = Error(ENOENT, "no manifest");
+    if (auto saved = ReadFileToString(ManifestPath(key.first)); saved.ok()) {
+      manifest = cache::Manifest::FromJson(*saved);
+      if (manifest.ok() && manifest->Digest() != key.first) manifest = Error(EBADMSG, "saved manifest does not hash to its name");
+    }
+    if (!manifest.ok() && catalog.ok()) manifest = (*catalog)->GetManifest(key.first);
+    Result<std::shared_ptr<ServedLayer>> layer =
+        !catalog.ok() ? Result<std::shared_ptr<ServedLayer>>(catalog.status())
+        : !manifest.ok() ? Result<std::shared_ptr<ServedLayer>>(manifest.status())
+                         : MakeLayer(key, std::move(*manifest), *catalog, /*reuse=*/true);
+    if (!layer.ok()) {
+      STRATA_LOG(kError) << "lazyfs: layer " << hex << " (" << MountModeName(key.second)
+                         << " mode) cannot be taken over; its mounts go: " << layer.status().ToString();
+      continue;
+    }
+    served[key] = *layer;
+    if (key.second == MountMode::kKernel) kernel_layers.push_back(*layer);
+  }
+  auto fuse = kept.find("fuse");
+  STRATA_ASSIGN_OR_RETURN(fs_, LayerFs::Adopt(state_dir_ + "/fuse", !options_.erofs_directio, std::move(fuse->second.fd),
+                                              InitFromMeta(fuse->second.meta), kernel_layers));
+  kept.erase(fuse);
+  KeepFuse("fuse", fs_->fuse());  // the same connection; keeps its INIT current
+  std::set<std::string> live = {state_dir_ + "/fuse"};
+  for (auto& [key, layer] : served) {
+    const Restored& r = layers[key];
+    auto entry = std::make_shared<LayerEntry>();
+    entry->catalog = *CatalogFor(r.store);
+    entry->store_url = cache::DefaultStoreUrl(r.store);
+    entry->holders = r.holders;
+    entry->unused_since = std::chrono::steady_clock::now();
+    const std::string hex = key.first.Hex();
+    if (key.second == MountMode::kFuse) {
+      entry->path = StrCat(state_dir_, "/trees/", hex);
+      auto tree_fd = kept.find(TreeName(key.first));
+      if (tree_fd == kept.end() || !IsMountPoint(entry->path)) {
+        STRATA_LOG(kError) << "lazyfs: layer " << hex << " (fuse mode): no connection to take over";
+        continue;
+      }
+      auto tree = TreeFs::Adopt(layer, entry->path, std::move(tree_fd->second.fd), InitFromMeta(tree_fd->second.meta));
+      kept.erase(tree_fd);
+      if (!tree.ok()) {
+        STRATA_LOG(kError) << "lazyfs: " << tree.status().ToString();
+        continue;
+      }
+      entry->tree = std::move(*tree);
+      KeepFuse(TreeName(key.first), entry->tree->fuse());
+    } else {
+      entry->path = StrCat(state_dir_, "/layers/", hex);
+      if (!IsMountPoint(entry->path)) {
+        STRATA_LOG(kError) << "lazyfs: layer " << hex << ": its EROFS mount is gone";
+        fs_->Remove(key.first);
+        continue;
+      }
+      entry->erofs = MountPoint::Adopt(entry->path);
+      for (const auto& view : r.views) {
+        auto idmap = IdMapping::Parse(view);
+        if (!idmap.ok()) continue;
+        std::string path = StrCat(state_dir_, "/layers/", hex, "@", idmap->host, "-", idmap->size);
+        if (!IsMountPoint(path)) continue;
+        entry->idmapped.emplace(view, MountPoint::Adopt(path));
+        live.insert(path);
+      }
+    }
+    entry->layer = layer;
+    live.insert(entry->path);
+    layers_[key] = entry;
+  }
+  for (auto& [mp, bind] : binds) {
+    if (!layers_.count(bind.key) || !IsMountPoint(mp)) continue;  // lost with its layer: gone below
+    bind.mount = MountPoint::Adopt(mp);
+    binds_.emplace(mp, std::move(bind));
+  }
+  RemoveStaleMounts(live);
+  // Records of layers not carried over.
+  for (const auto& name : FileNames(state_dir_ + "/state")) {
+    if (name == "journal") continue;
+    bool used = false;
+    for (const auto& [key, entry] : layers_) {
+      used = used || name == Basename(RecordPath(key)) || name == Basename(ManifestPath(key.first));
+    }
+    if (!used) ::unlink((state_dir_ + "/state/" + name).c_str());
+  }
   return OkStatus();
 }
 
@@ -105,6 +368,7 @@ Daemon::~Daemon() {
     std::lock_guard lock(mu_);
     binds.swap(binds_);
     layers.swap(layers_);
+    journal_.reset();
   }
   for (auto& [mp, bind] : binds) {
     Status s = bind.mount.Unmount();
@@ -115,11 +379,26 @@ Daemon::~Daemon() {
     Unload(*entry, key);
   }
   fs_.reset();
+  // Everything is unmounted: nothing to take over.
+  for (const auto& name : FileNames(state_dir_ + "/state")) {
+    ::unlink((state_dir_ + "/state/" + name).c_str());
+  }
+  if (link_) link_->Drop("fuse").IgnoreError();
 }
 
-void Daemon::Wait() {
+bool Daemon::Wait() {
   std::unique_lock lock(stop_mu_);
   stop_cv_.wait(lock, [&] { return stopping_; });
+  return handover_;
+}
+
+void Daemon::Handover() {
+  {
+    std::lock_guard lock(stop_mu_);
+    stopping_ = true;
+    handover_ = true;
+  }
+  stop_cv_.notify_all();
 }
 
 void Daemon::Stop() {
@@ -145,20 +424,23 @@ Result<std::shared_ptr<cache::Catalog>> Daemon::CatalogFor(const std::string& st
 Status Daemon::Load(LayerEntry& entry, const LayerKey& key) {
   const auto& [digest, mode] = key;
   STRATA_ASSIGN_OR_RETURN(cache::Manifest manifest, entry.catalog->GetManifest(digest));
-  auto layer = std::make_shared<ServedLayer>(digest, std::move(manifest), entry.catalog->shared_store(), *cache_);
-  STRATA_RETURN_IF_ERROR(layer->Load());
+  // A successor takes the layer over without asking the store.
+  STRATA_RETURN_IF_ERROR(WriteFileAtomic(ManifestPath(digest), manifest.ToJson(), /*durable=*/false, 0600));
+  STRATA_ASSIGN_OR_RETURN(auto layer, MakeLayer(key, std::move(manifest), entry.catalog, /*reuse=*/false));
   if (mode == MountMode::kFuse) {
     entry.path = StrCat(state_dir_, "/trees/", digest.Hex());
     auto tree = TreeFs::Mount(layer, entry.path);
     if (!tree.ok()) {
       ::rmdir(entry.path.c_str());
+      layer->record().Remove();
       return tree.status();
     }
     entry.tree = std::move(*tree);
+    KeepFuse(TreeName(digest), entry.tree->fuse());
   } else {
-    fs_->Add(layer);
+    Status s = fs_->Add(layer);
     entry.path = StrCat(state_dir_, "/layers/", digest.Hex());
-    Status s = MakeDirs(entry.path, 0755);
+    if (s.ok()) s = MakeDirs(entry.path, 0755);
     std::string data = "device=" + fs_->BlobPath(digest);
     if (options_.erofs_directio) data += ",directio";
     auto mount = s.ok() ? MountPoint::Mount(fs_->MetaPath(digest), entry.path, "erofs", MS_RDONLY, data)
@@ -166,6 +448,7 @@ Status Daemon::Load(LayerEntry& entry, const LayerKey& key) {
     if (!mount.ok()) {
       fs_->Remove(digest);
       ::rmdir(entry.path.c_str());
+      layer->record().Remove();
       return mount.status().Annotate(StrCat("mount layer ", digest.Hex()));
     }
     entry.erofs = std::move(*mount);
@@ -219,6 +502,7 @@ void Daemon::Unload(LayerEntry& entry, const LayerKey& key) {
   entry.idmapped.clear();
   if (mode == MountMode::kFuse) {
     entry.tree.reset();
+    if (link_) link_->Drop(TreeName(digest)).IgnoreError();
   } else {
     Status s = entry.erofs.Unmount();
     if (!s.ok()) STRATA_LOG(kWarn) << "lazyfs: " << s.ToString();
@@ -236,6 +520,7 @@ void Daemon::Unload(LayerEntry& entry, const LayerKey& key) {
     Status lease = entry.catalog->DropLease(options_.node.empty() ? HostName() : options_.node, digest);
     if (!lease.ok()) STRATA_LOG(kWarn) << "lazyfs: drop lease on layer " << digest.Hex() << ": " << lease.ToString();
   }
+  entry.layer->record().Remove();
   entry.layer.reset();
   STRATA_LOG(kInfo) << "lazyfs: unmounted layer " << digest.Hex() << " (" << MountModeName(mode) << " mode)";
 }
@@ -257,29 +542,42 @@ Result<Daemon::LayerHandle> Daemon::Acquire(std::string_view ref, const std::str
     if (!slot) {
       slot = std::make_shared<LayerEntry>();
       slot->catalog = catalog;
+      slot->store_url = cache::DefaultStoreUrl(store_url);
     }
     entry = slot;
     entry->holders.insert(holder);  // from here on the maintainer leaves it alone
   }
   std::lock_guard load_lock(entry->mu);
+  const std::string hex = digest.Hex(), mode_name(MountModeName(mode));
   if (!entry->layer) {
     Status s = Load(*entry, key);
+    std::lock_guard lock(mu_);
     if (!s.ok()) {
-      std::lock_guard lock(mu_);
       entry->holders.erase(holder);
       if (entry->holders.empty() && layers_[key] == entry) layers_.erase(key);
       return s;
     }
+    JournalLocked({{"e", "layer"}, {"d", hex}, {"m", mode_name}, {"s", entry->store_url}});
   }
+  std::string path = entry->path;
   if (idmap) {
-    auto path = IdmappedView(*entry, digest, *idmap);
-    if (!path.ok()) {
+    const bool made = !entry->idmapped.count(idmap->ToString());
+    auto view = IdmappedView(*entry, digest, *idmap);
+    if (!view.ok()) {
       Release(digest, holder).IgnoreError();
-      return path.status();
+      return view.status();
     }
-    return LayerHandle{digest, *path, mode};
+    path = *view;
+    if (made) {
+      std::lock_guard lock(mu_);
+      JournalLocked({{"e", "view"}, {"d", hex}, {"m", mode_name}, {"i", idmap->ToString()}});
+    }
   }
-  return LayerHandle{digest, entry->path, mode};
+  {
+    std::lock_guard lock(mu_);
+    if (entry->holders.count(holder)) JournalLocked({{"e", "hold"}, {"d", hex}, {"m", mode_name}, {"h", holder}});
+  }
+  return LayerHandle{digest, path, mode};
 }
 
 Status Daemon::Release(const Digest128& digest, const std::string& holder) {
@@ -288,6 +586,7 @@ Status Daemon::Release(const Digest128& digest, const std::string& holder) {
     auto it = layers_.find({digest, mode});
     if (it == layers_.end() || !it->second->holders.erase(holder)) continue;
     if (it->second->holders.empty()) it->second->unused_since = std::chrono::steady_clock::now();
+    JournalLocked({{"e", "release"}, {"d", digest.Hex()}, {"m", MountModeName(mode)}, {"h", holder}});
     return OkStatus();
   }
   return Error(ENOENT, StrCat("layer ", digest.Hex(), " is not held by ", Quote(holder)));
@@ -298,9 +597,22 @@ Result<Daemon::LayerHandle> Daemon::MountAt(std::string_view ref, const std::str
   if (mountpoint.empty() || mountpoint[0] != '/') {
     return Error(EINVAL, StrCat("mount point ", Quote(mountpoint), ": must be an absolute path"));
   }
+  std::optional<LayerKey> bound;
   {
     std::lock_guard lock(mu_);
-    if (binds_.count(mountpoint)) return Error(EBUSY, StrCat(mountpoint, ": a lazyfs layer is already mounted there"));
+    if (auto it = binds_.find(mountpoint); it != binds_.end()) bound = it->second.key;
+  }
+  if (bound) {
+    // The same mount asked again (a caller retrying across a restart) is
+    // what it asked for; another layer there is refused.
+    auto catalog = CatalogFor(store_url);
+    auto digest = catalog.ok() ? (*catalog)->Resolve(ref) : Result<Digest128>(catalog.status());
+    std::lock_guard lock(mu_);
+    auto entry = layers_.find(*bound);
+    if (digest.ok() && *digest == bound->first && mode == bound->second && entry != layers_.end()) {
+      return LayerHandle{bound->first, entry->second->path, mode};
+    }
+    return Error(EBUSY, StrCat(mountpoint, ": a lazyfs layer is already mounted there"));
   }
   const std::string holder = "mount:" + mountpoint;
   STRATA_ASSIGN_OR_RETURN(LayerHandle handle, Acquire(ref, store_url, holder, std::nullopt, mode));
@@ -312,6 +624,7 @@ Result<Daemon::LayerHandle> Daemon::MountAt(std::string_view ref, const std::str
   }
   std::lock_guard lock(mu_);
   binds_[mountpoint] = BindMount{{handle.digest, mode}, std::move(*bind), record};
+  JournalLocked({{"e", "bind"}, {"p", mountpoint}, {"d", handle.digest.Hex()}, {"m", MountModeName(mode)}, {"r", record}});
   return handle;
 }
 
@@ -324,6 +637,7 @@ Status Daemon::UnmountAt(const std::string& mountpoint) {
     if (it != binds_.end()) {
       bind.emplace(std::move(it->second));
       binds_.erase(it);
+      JournalLocked({{"e", "unbind"}, {"p", mountpoint}});
       if (auto l = layers_.find(bind->key); l != layers_.end()) entry = l->second;
     }
   }
@@ -383,7 +697,7 @@ json Daemon::Stats(const std::string& mountpoint_filter) {
     j["holders"] = holders.size();
     layers.push_back(std::move(j));
   }
-  json result = {{"layers", layers}, {"socket", options_.socket_path}, {"pid", ::getpid()}};
+  json result = {{"layers", layers}, {"socket", options_.socket_path}, {"pid", ::getpid()}, {"supervisor", SupervisorInfo()}};
   auto usage = cache_->Usage();
   auto cs = cache_->stats();
   result["cache"] = {{"dir", options_.cache_dir},
@@ -425,6 +739,7 @@ void Daemon::Maintain() {
         std::lock_guard lock(mu_);
         if (!entry->holders.empty() || layers_[key] != entry) continue;  // taken again meanwhile
         layers_.erase(key);
+        JournalLocked({{"e", "unload"}, {"d", key.first.Hex()}, {"m", MountModeName(key.second)}});
       }
       Unload(*entry, key);
     }
@@ -444,6 +759,18 @@ void Daemon::Maintain() {
   }
 }
 
+json Daemon::SupervisorInfo() const {
+  if (!link_) return nullptr;
+  const json& w = link_->welcome();
+  return {{"pid", w.value("supervisor", 0)},       {"generation", w.value("generation", 0)},
+          {"restarts", w.value("restarts", 0)},     {"binary", w.value("binary", std::string())},
+          {"last_error", w.value("last_error", std::string())}};
+}
+
+void Daemon::DrainForHandover() {
+  if (server_) server_->Drain();
+}
+
 Result<json> Daemon::Handle(const ControlRequest& request) {
   // The socket is 0600 and owned by root; check the peer anyway.
   if (request.peer_uid != 0 && request.peer_uid != ::geteuid()) {
@@ -453,7 +780,21 @@ Result<json> Daemon::Handle(const ControlRequest& request) {
   auto str = [&](const char* key) { return j.contains(key) && j[key].is_string() ? j[key].get<std::string>() : std::string(); };
   const std::string& op = request.op;
 
-  if (op == "health") return json{{"ok", true}, {"pid", ::getpid()}};
+  if (op == "health") {
+    return json{{"ok", true}, {"pid", ::getpid()}, {"protocol", kControlProtocol}, {"supervisor", SupervisorInfo()}};
+  }
+  if (op == "upgrade") {
+    if (!link_) return Error(ENOTSUP, "upgrade: this lazyfs daemon runs without a supervisor (lazyfs serve); restart it instead");
+    std::string binary = str("binary");
+    if (binary.empty()) binary = link_->welcome().value("binary", std::string());
+    if (binary.empty() || binary[0] != '/' || ::access(binary.c_str(), X_OK) != 0) {
+      return Error(ENOENT, StrCat("upgrade: ", Quote(binary), " is not an executable given by absolute path"));
+    }
+    STRATA_RETURN_IF_ERROR(link_->Upgrade(binary));
+    STRATA_LOG(kInfo) << "lazyfs: handing over to " << binary;
+    Handover();
+    return json{{"pid", ::getpid()}, {"binary", binary}};
+  }
   if (op == "stats") return Stats(str("mountpoint"));
   if (op == "mount") {
     STRATA_ASSIGN_OR_RETURN(MountMode mode, ParseMountMode(str("mode")));
@@ -511,7 +852,7 @@ Result<json> Daemon::Handle(const ControlRequest& request) {
     STRATA_RETURN_IF_ERROR(first);
     return json::object();
   }
-  return Error(ENOENT, StrCat("lazyfs: no request \"", op, "\" (health, stats, mount, umount, acquire, release)"));
+  return Error(ENOENT, StrCat("lazyfs: no request \"", op, "\" (health, stats, mount, umount, acquire, release, upgrade)"));
 }
 
 }  // namespace strata::lazyfs

@@ -5,12 +5,23 @@
 // hosts whose kernel cannot mount EROFS from a file. Both read through the
 // one chunk cache, with the same stats, access recording and prefetch.
 //
+// Crash safety: run by the supervisor (supervisor.h), the daemon keeps what
+// a successor needs in the state directory as it goes — a journal of the
+// layers served, their holders, idmapped views and bind mounts, appended
+// under the lock that changes them; each layer's manifest; each layer's
+// LayerRecord — and hands the supervisor its FUSE descriptors. A successor
+// replays the journal, maps the records and takes every mount over. Layers
+// unloaded while still busy (a detached mount) are not carried over: their
+// inodes answer ENOENT after a restart.
+//
 // State directory (beside the socket: /run/strata/lazyfs.sock ->
 // /run/strata/lazyfs.d):
 //   fuse/             the LayerFs FUSE mount (<digest>.meta, <digest>.blob)
 //   layers/<digest>   the layer's EROFS mount (file-backed, over fuse/)
 //   trees/<digest>    the layer's TreeFs mount (fuse mode)
-//   daemon.lock       flock held by the running daemon
+//   state/journal     the journal (JSON lines; rewritten when it grows)
+//   state/<digest>.manifest, state/<digest>-<mode>.record
+//   daemon.lock       flock held by the running daemon (the supervisor)
 //   lazyfs.log        the daemon's log when it runs in the background
 #pragma once
 
@@ -34,6 +45,7 @@
 #include "common/mount.h"
 #include "common/unique_fd.h"
 #include "lazyfs/layer_fs.h"
+#include "lazyfs/supervisor.h"
 #include "lazyfs/tree_fs.h"
 
 namespace strata::lazyfs {
@@ -67,6 +79,10 @@ struct DaemonOptions {
   // LayerFs opens the blob with FOPEN_DIRECT_IO; true: EROFS is mounted with
   // `directio` and reads the blob with direct I/O itself.
   bool erofs_directio = false;
+  // The serving process's end of the supervisor link (`lazyfs serve
+  // --supervisor-fd N`); -1: no supervisor (tests, `serve` by hand): the
+  // daemon takes the lock and the socket itself and nothing outlives it.
+  int supervisor_fd = -1;
   // How store URLs become stores; tests put failing stores behind it.
   std::function<Result<std::shared_ptr<cache::ObjectStore>>(std::string_view url)> open_store = cache::OpenStore;
 };
@@ -79,9 +95,15 @@ class Daemon {
   // Unmounts everything it mounted (detaching what is busy).
   ~Daemon();
 
-  // Blocks until Stop().
-  void Wait();
+  // Blocks until Stop() or Handover(); true for a handover.
+  bool Wait();
   void Stop();
+  // The serving process is being replaced: it stops taking requests and
+  // exits without unmounting anything (the caller _exits kExitHandover).
+  void Handover();
+  // After a handover: waits for the requests being answered (new ones
+  // wait in the socket's backlog for the successor).
+  void DrainForHandover();
 
   // The API, callable directly (tests) or through the socket.
   struct LayerHandle {
@@ -111,6 +133,7 @@ class Daemon {
     std::mutex mu;  // held while loading or unloading
     std::shared_ptr<ServedLayer> layer;
     std::shared_ptr<cache::Catalog> catalog;
+    std::string store_url;
     MountPoint erofs;              // kernel mode
     std::unique_ptr<TreeFs> tree;  // fuse mode
     std::string path;
@@ -126,6 +149,19 @@ class Daemon {
 
   explicit Daemon(const DaemonOptions& options);
   Status Init();
+  // Takes over what a dead serving process left (see above).
+  Status Restore(std::map<std::string, SupervisorLink::Kept>& kept);
+  void RemoveStaleMounts(const std::set<std::string>& live);
+  // The journal: one event per change, appended with mu_ held.
+  void JournalLocked(const nlohmann::json& event);
+  std::vector<nlohmann::json> SnapshotLocked() const;
+  Status RewriteJournalLocked();
+  std::string RecordPath(const LayerKey& key) const;
+  std::string ManifestPath(const Digest128& digest) const;
+  Result<std::shared_ptr<ServedLayer>> MakeLayer(const LayerKey& key, cache::Manifest manifest,
+                                                 const std::shared_ptr<cache::Catalog>& catalog, bool reuse);
+  void KeepFuse(const std::string& name, const FuseMount& fuse);
+  nlohmann::json SupervisorInfo() const;
   Result<nlohmann::json> Handle(const ControlRequest& request);
   Result<std::shared_ptr<cache::Catalog>> CatalogFor(const std::string& store_url);
   Status Load(LayerEntry& entry, const LayerKey& key);
@@ -136,6 +172,9 @@ class Daemon {
   const DaemonOptions options_;
   const std::string state_dir_;
   UniqueFd lock_fd_;
+  std::unique_ptr<SupervisorLink> link_;
+  UniqueFd journal_;           // guarded by mu_
+  size_t journal_events_ = 0;  // guarded by mu_
   std::unique_ptr<cache::ChunkCache> cache_;
   std::unique_ptr<LayerFs> fs_;
 
@@ -148,6 +187,7 @@ class Daemon {
   std::mutex stop_mu_;
   std::condition_variable stop_cv_;
   bool stopping_ = false;
+  bool handover_ = false;
   std::thread maintainer_;
   std::unique_ptr<ControlServer> server_;  // last: stopped first
 };

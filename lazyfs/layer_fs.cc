@@ -20,7 +20,7 @@ namespace {
 
 constexpr double kForever = 86400.0 * 365;  // layers never change under a name
 
-LayerFs* Fs(fuse_req_t req) { return static_cast<LayerFs*>(fuse_req_userdata(req)); }
+LayerFs* Fs(fuse_req_t req) { return static_cast<LayerFs*>(FuseMount::Owner(req)); }
 
 // The one exception boundary of every FUSE operation: nothing thrown
 // crosses into libfuse; the kernel gets an errno instead.
@@ -188,27 +188,56 @@ const fuse_lowlevel_ops kOps = [] {
 
 }  // namespace
 
+namespace {
+FuseMountOptions LayerFsOptions() {
+  FuseMountOptions options;
+  options.options = {"fsname=lazyfs", "subtype=strata", "default_permissions"};
+  return options;
+}
+}  // namespace
+
 Result<std::unique_ptr<LayerFs>> LayerFs::Mount(const std::string& mountpoint, bool blob_direct_io) {
   std::unique_ptr<LayerFs> fs(new LayerFs());
   fs->mountpoint_ = mountpoint;
   fs->blob_direct_io_ = blob_direct_io;
-  FuseMountOptions options;
-  options.options = {"fsname=lazyfs", "subtype=strata", "default_permissions"};
-  STRATA_ASSIGN_OR_RETURN(fs->fuse_, FuseMount::Start(mountpoint, kOps, fs.get(), options));
+  STRATA_ASSIGN_OR_RETURN(fs->fuse_, FuseMount::Start(mountpoint, kOps, fs.get(), LayerFsOptions()));
+  return fs;
+}
+
+Result<std::unique_ptr<LayerFs>> LayerFs::Adopt(const std::string& mountpoint, bool blob_direct_io, UniqueFd fd,
+                                                FuseInit init, const std::vector<std::shared_ptr<ServedLayer>>& layers) {
+  std::unique_ptr<LayerFs> fs(new LayerFs());
+  fs->mountpoint_ = mountpoint;
+  fs->blob_direct_io_ = blob_direct_io;
+  for (const auto& layer : layers) STRATA_RETURN_IF_ERROR(fs->Add(layer));
+  STRATA_ASSIGN_OR_RETURN(fs->fuse_,
+                          FuseMount::Adopt(mountpoint, std::move(fd), std::move(init), kOps, fs.get(), LayerFsOptions()));
   return fs;
 }
 
 LayerFs::~LayerFs() { fuse_.reset(); }
 
-void LayerFs::Add(std::shared_ptr<ServedLayer> layer) {
+uint64_t LayerFs::InoFor(const Digest128& digest, bool blob) {
+  // 62 bits of the digest and the file's kind, above the root's number.
+  return (((digest.low & ((uint64_t{1} << 61) - 1)) << 1) | (blob ? 1 : 0)) + 2;
+}
+
+Status LayerFs::Add(std::shared_ptr<ServedLayer> layer) {
   std::lock_guard lock(mu_);
   std::string hex = layer->digest().Hex();
   for (bool blob : {false, true}) {
+    const uint64_t ino = InoFor(layer->digest(), blob);
+    auto same = by_ino_.find(ino);
+    if (same != by_ino_.end() && same->second->layer->digest() != layer->digest()) {
+      return Error(EEXIST, StrCat("layer ", hex, ": its inode number is that of layer ", same->second->layer->digest().Hex()));
+    }
     auto node = std::make_shared<Node>(
-        Node{next_ino_++, layer, blob, blob ? layer->manifest().blob_size : layer->manifest().meta_size});
+        Node{ino, layer, blob, blob ? layer->manifest().blob_size : layer->manifest().meta_size});
+    if (same != by_ino_.end()) node->lookups = same->second->lookups;  // the kernel still holds the old one
     by_name_[hex + (blob ? ".blob" : ".meta")] = node;
     by_ino_[node->ino] = node;
   }
+  return OkStatus();
 }
 
 void LayerFs::Remove(const Digest128& digest) {

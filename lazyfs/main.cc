@@ -7,6 +7,7 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <iostream>
+#include <thread>
 
 #include "cache/object_store.h"
 #include "common/fs.h"
@@ -16,6 +17,7 @@
 #include "common/units.h"
 #include "lazyfs/client.h"
 #include "lazyfs/daemon.h"
+#include "lazyfs/supervisor.h"
 
 namespace {
 
@@ -42,9 +44,10 @@ std::string EnvOr(const char* name, const std::string& fallback) {
   return v && *v ? v : fallback;
 }
 
-// Runs the daemon until SIGTERM/SIGINT. With `background`, forks first and
-// lets the parent return once the child serves (or failed).
-int RunDaemon(const lazyfs::DaemonOptions& options, bool background) {
+// Runs the supervisor (which runs the serving process) until SIGTERM/SIGINT.
+// With `background`, forks first and lets the parent return once the first
+// serving process serves (or failed).
+int RunDaemon(lazyfs::SupervisorOptions supervisor, bool background) {
   int ready[2] = {-1, -1};
   if (background) {
     if (::pipe2(ready, O_CLOEXEC) != 0) return Fail(ErrnoError(errno, "pipe"));
@@ -62,14 +65,33 @@ int RunDaemon(const lazyfs::DaemonOptions& options, bool background) {
     }
     ::close(ready[0]);
     ::setsid();
-    std::string state = lazyfs::StateDirFor(options.socket_path);
-    MakeDirs(state, 0700).IgnoreError();
+    MakeDirs(supervisor.state_dir, 0700).IgnoreError();
     int null = ::open("/dev/null", O_RDWR);
-    int log = ::open((state + "/lazyfs.log").c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+    int log = ::open((supervisor.state_dir + "/lazyfs.log").c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
     ::dup2(null, STDIN_FILENO);
     ::dup2(null, STDOUT_FILENO);
     if (log >= 0) ::dup2(log, STDERR_FILENO);
   }
+  ::signal(SIGPIPE, SIG_IGN);
+  supervisor.ready = [&](const Status& s) {
+    std::string message = s.ok() ? std::string("ok") : "lazyfs: " + s.ToString() + "\n";
+    if (background) {
+      ssize_t w = ::write(ready[1], message.data(), message.size());
+      (void)w;
+      ::close(ready[1]);
+    } else if (!s.ok()) {
+      std::fputs(message.c_str(), stderr);
+    } else {
+      STRATA_LOG(kInfo) << "lazyfs: serving on " << supervisor.socket_path;
+    }
+  };
+  return lazyfs::RunSupervisor(supervisor);
+}
+
+// The serving process (`lazyfs serve`): under a supervisor, or alone in the
+// foreground (nothing then outlives it). Runs until SIGTERM/SIGINT, or
+// until it hands over to a successor.
+int RunServe(const lazyfs::DaemonOptions& options) {
   sigset_t signals;
   sigemptyset(&signals);
   sigaddset(&signals, SIGTERM);
@@ -80,27 +102,25 @@ int RunDaemon(const lazyfs::DaemonOptions& options, bool background) {
 
   auto daemon = lazyfs::Daemon::Start(options);
   if (!daemon.ok()) {
-    std::string message = "lazyfs: " + daemon.status().ToString() + "\n";
-    if (background) {
-      ssize_t w = ::write(ready[1], message.data(), message.size());
-      (void)w;
-    }
-    std::fputs(message.c_str(), stderr);
+    std::fprintf(stderr, "lazyfs: %s\n", daemon.status().ToString().c_str());
     return 1;
   }
-  STRATA_LOG(kInfo) << "lazyfs: serving on " << options.socket_path << ", cache " << options.cache_dir;
-  if (background) {
-    ssize_t w = ::write(ready[1], "ok", 2);
-    (void)w;
-    ::close(ready[1]);
-  }
+  STRATA_LOG(kInfo) << "lazyfs: serving process " << ::getpid() << " on " << options.socket_path << ", cache "
+                    << options.cache_dir;
   std::thread waiter([&] {
     int sig = 0;
     sigwait(&signals, &sig);
     STRATA_LOG(kInfo) << "lazyfs: signal " << sig << ": unmounting and exiting";
     (*daemon)->Stop();
   });
-  (*daemon)->Wait();
+  if ((*daemon)->Wait()) {
+    // Replaced: the mounts, the journal and the records stay for the
+    // successor, as after a crash, but no request is left half answered.
+    (*daemon)->DrainForHandover();
+    STRATA_LOG(kInfo) << "lazyfs: serving process " << ::getpid() << " handed over";
+    std::fflush(nullptr);
+    ::_exit(lazyfs::kExitHandover);
+  }
   daemon->reset();
   // The waiter is still in sigwait if Stop came another way; it dies with us.
   waiter.detach();
@@ -146,15 +166,23 @@ int main(int argc, char** argv) {
   options.cache_dir = EnvOr("STRATA_CACHE", lazyfs::kDefaultCacheDir);
   std::string cache_size = EnvOr("STRATA_CACHE_SIZE", "10G"), fetch_timeout = "60s", grace = "30s";
   bool foreground = false;
-  auto* daemon = app.add_subcommand("daemon", "run the node daemon (in the background unless -f)");
-  daemon->add_option("--cache", options.cache_dir, "chunk cache directory")->capture_default_str();
-  daemon->add_option("--cache-size", cache_size, "chunk cache size cap")->capture_default_str();
-  daemon->add_option("--fetch-timeout", fetch_timeout, "longest a read waits for a chunk")->capture_default_str();
-  daemon->add_option("--grace", grace, "how long an unused layer stays mounted")->capture_default_str();
-  daemon->add_option("--node", options.node, "node name for leases (default: host name)");
-  daemon->add_flag("--erofs-directio", options.erofs_directio,
-                   "kernel mode: EROFS reads blobs with direct I/O (instead of FUSE direct I/O on the blob files)");
+  auto* daemon = app.add_subcommand("daemon", "run the node daemon: a supervisor and its serving process (in the background unless -f)");
+  auto* serve = app.add_subcommand("serve", "run the serving process alone, in the foreground (the daemon runs it)");
+  for (CLI::App* cmd : {daemon, serve}) {
+    cmd->add_option("--cache", options.cache_dir, "chunk cache directory")->capture_default_str();
+    cmd->add_option("--cache-size", cache_size, "chunk cache size cap")->capture_default_str();
+    cmd->add_option("--fetch-timeout", fetch_timeout, "longest a read waits for a chunk")->capture_default_str();
+    cmd->add_option("--grace", grace, "how long an unused layer stays mounted")->capture_default_str();
+    cmd->add_option("--node", options.node, "node name for leases (default: host name)");
+    cmd->add_flag("--erofs-directio", options.erofs_directio,
+                  "kernel mode: EROFS reads blobs with direct I/O (instead of FUSE direct I/O on the blob files)");
+  }
   daemon->add_flag("-f,--foreground", foreground, "stay in the foreground");
+  serve->add_option("--supervisor-fd", options.supervisor_fd, "the supervisor's link (set by the daemon)");
+
+  std::string binary;
+  auto* upgrade = app.add_subcommand("upgrade", "replace the serving process, mounts and all, by a new one (of BINARY)");
+  upgrade->add_option("--binary", binary, "the new lazyfs executable (default: the one running)");
 
   std::string ref, mountpoint, store, mode = "kernel";
   bool record = false, as_json = false;
@@ -177,7 +205,7 @@ int main(int argc, char** argv) {
   stats->add_flag("--json", as_json, "print JSON");
   CLI11_PARSE(app, argc, argv);
 
-  if (daemon->parsed()) {
+  if (daemon->parsed() || serve->parsed()) {
     auto size = ParseSize(cache_size);
     if (!size.ok()) return Fail(size.status());
     auto deadline = ParseDuration(fetch_timeout);
@@ -189,7 +217,16 @@ int main(int argc, char** argv) {
     options.fetch_deadline = *deadline;
     options.grace = *grace_d;
     if (GetLogLevel() < LogLevel::kInfo) SetLogLevel(LogLevel::kInfo);
-    return RunDaemon(options, !foreground);
+    if (serve->parsed()) return RunServe(options);
+    lazyfs::SupervisorOptions supervisor;
+    supervisor.socket_path = socket;
+    supervisor.state_dir = lazyfs::StateDirFor(socket);
+    supervisor.binary = lazyfs::FindLazyfsExecutable();
+    supervisor.serve_args = {"--socket", socket, "--cache", options.cache_dir, "--cache-size", cache_size,
+                             "--fetch-timeout", fetch_timeout, "--grace", grace};
+    if (!options.node.empty()) supervisor.serve_args.insert(supervisor.serve_args.end(), {"--node", options.node});
+    if (options.erofs_directio) supervisor.serve_args.push_back("--erofs-directio");
+    return RunDaemon(std::move(supervisor), !foreground);
   }
 
   lazyfs::Client client(socket);
@@ -217,6 +254,33 @@ int main(int argc, char** argv) {
     if (!IsMountPoint(mp)) return Fail(Error(ENOENT, mp + ": nothing is mounted there"));
     Status s = MountPoint::Adopt(mp).Unmount();
     return s.ok() ? 0 : Fail(s);
+  }
+  if (upgrade->parsed()) {
+    const auto start = std::chrono::steady_clock::now();
+    auto before = client.Call("health");
+    if (!before.ok()) return Fail(before.status());
+    auto r = client.Call("upgrade", {{"binary", binary.empty() ? "" : Absolute(binary)}});
+    if (!r.ok()) return Fail(r.status());
+    const int old_pid = (*r)["pid"].get<int>();
+    const std::string wanted = (*r)["binary"].get<std::string>();
+    // The successor serves when health answers from another pid.
+    while (std::chrono::steady_clock::now() - start < std::chrono::seconds(60)) {
+      auto h = client.Call("health");
+      if (h.ok() && (*h)["pid"].get<int>() != old_pid) {
+        const json& sup = (*h)["supervisor"];
+        const std::string running = sup.is_object() ? sup.value("binary", std::string()) : "";
+        if (running != wanted) {
+          return Fail(Error(EIO, StrCat("upgrade to ", wanted, " failed: ", sup.value("last_error", std::string()),
+                                        " (serving process ", (*h)["pid"].get<int>(), " runs ", running, ")")));
+        }
+        std::printf("lazyfs: serving process %d replaced by %d (%s) in %.0f ms\n", old_pid, (*h)["pid"].get<int>(),
+                    running.c_str(),
+                    std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+        return 0;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return Fail(Error(ETIMEDOUT, "upgrade: no new serving process within 60 s (see the daemon's lazyfs.log)"));
   }
   if (stats->parsed()) {
     auto r = client.Call("stats", mountpoint.empty() ? json::object() : json{{"mountpoint", Absolute(mountpoint)}});

@@ -4,12 +4,12 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <new>
 
 #include "common/strings.h"
 
 namespace strata::lazyfs {
 namespace {
-constexpr size_t kLatencySamples = 4096;
 // Readahead (served_layer.h has the why).
 constexpr size_t kStreams = 8;          // sequential readers tracked per layer
 constexpr size_t kMaxGap = 4;           // extents a continuing read may skip
@@ -27,12 +27,18 @@ uint64_t NowMs() {
 }  // namespace
 
 ServedLayer::ServedLayer(Digest128 digest, cache::Manifest manifest, std::shared_ptr<cache::ObjectStore> store,
-                         cache::ChunkCache& cache)
+                         cache::ChunkCache& cache, std::unique_ptr<LayerRecord> record)
     : digest_(digest),
       manifest_(std::move(manifest)),
       store_(std::move(store)),
       cache_(cache),
-      touched_(new std::atomic<bool>[manifest_.extents.size()]()) {}
+      record_(std::move(record)) {
+  if (!record_) {
+    auto anonymous = LayerRecord::Open("", digest_, static_cast<uint32_t>(manifest_.extents.size()));
+    if (!anonymous.ok()) throw std::bad_alloc();
+    record_ = std::move(*anonymous);
+  }
+}
 
 Status ServedLayer::Load() {
   auto h = cache_.Get(manifest_.meta_hash, store_, manifest_.meta_size);
@@ -41,14 +47,14 @@ Status ServedLayer::Load() {
     return Error(EBADMSG, StrCat("layer ", digest_.Hex(), ": metadata image is ", h->size(), " bytes, manifest says ",
                                  manifest_.meta_size));
   }
-  meta_bytes_fetched_ = h->fetched_bytes();
+  if (!record_->restored()) record_->Set(LayerRecord::kMetaBytesFetched, h->fetched_bytes());
   meta_ = std::move(*h);
   return OkStatus();
 }
 
 Result<size_t> ServedLayer::ReadMeta(uint64_t offset, std::span<char> out) {
   auto n = meta_.Read(offset, out);
-  if (!n.ok()) ++read_errors_;
+  if (!n.ok()) record_->Add(LayerRecord::kReadErrors, 1);
   else cache_.DropWhenIdle(manifest_.meta_hash);
   return n;
 }
@@ -56,17 +62,13 @@ Result<size_t> ServedLayer::ReadMeta(uint64_t offset, std::span<char> out) {
 void ServedLayer::NoteRead(size_t index, const cache::ChunkCache::Handle& h, uint64_t bytes, double fetch_ms) {
   if (h.fetched()) {
     NoteFetched(h.fetched_bytes(), index);
-    std::lock_guard lock(mu_);
-    if (fetch_ms_.size() < kLatencySamples) fetch_ms_.push_back(fetch_ms);
-    else fetch_ms_[fetch_ms_next_++ % kLatencySamples] = fetch_ms;
+    record_->AddLatency(fetch_ms);
   } else {
-    bytes_from_cache_ += bytes;
+    record_->Add(LayerRecord::kBytesFromCache, bytes);
   }
-  if (!touched_[index].exchange(true, std::memory_order_relaxed)) {
-    ++extents_touched_;
-    bytes_touched_ += manifest_.extents[index].length;
-    std::lock_guard lock(mu_);
-    access_order_.push_back(static_cast<uint32_t>(index));
+  if (record_->Touch(static_cast<uint32_t>(index))) {
+    record_->Add(LayerRecord::kExtentsTouched, 1);
+    record_->Add(LayerRecord::kBytesTouched, manifest_.extents[index].length);
   }
 }
 
@@ -96,13 +98,13 @@ Result<size_t> ServedLayer::ReadBlob(uint64_t offset, std::span<char> out) {
       auto start = std::chrono::steady_clock::now();
       auto h = cache_.Get(e.hash, store_, e.length);
       if (!h.ok()) {
-        ++read_errors_;
+        record_->Add(LayerRecord::kReadErrors, 1);
         return h.status().Annotate(StrCat("layer ", digest_.Hex(), ": blob offset ", offset));
       }
       double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
       auto n = h->Read(offset - e.offset, out.subspan(done, want));
       if (!n.ok() || *n != want) {
-        ++read_errors_;
+        record_->Add(LayerRecord::kReadErrors, 1);
         if (!n.ok()) return n.status();
         return Error(EIO, StrCat("layer ", digest_.Hex(), ": chunk ", e.hash.Hex(), " is shorter than its extent"));
       }
@@ -125,9 +127,9 @@ Result<size_t> ServedLayer::ReadBlob(uint64_t offset, std::span<char> out) {
 
 void ServedLayer::NoteFetched(uint64_t stored_bytes, size_t index) {
   if (!stored_bytes) return;  // failed: a reader that needs it will say so
-  bytes_fetched_ += stored_bytes;
-  chunk_bytes_fetched_ += manifest_.extents[index].length;
-  ++chunks_fetched_;
+  record_->Add(LayerRecord::kBytesFetched, stored_bytes);
+  record_->Add(LayerRecord::kChunkBytesFetched, manifest_.extents[index].length);
+  record_->Add(LayerRecord::kChunksFetched, 1);
 }
 
 void ServedLayer::FetchDone(uint64_t stored_bytes, size_t index, bool list) {
@@ -135,10 +137,10 @@ void ServedLayer::FetchDone(uint64_t stored_bytes, size_t index, bool list) {
   std::lock_guard lock(ra_mu_);
   if (list) {
     --list_running_;
-    if (stored_bytes) ++list_fetches_;
+    if (stored_bytes) record_->Add(LayerRecord::kListFetches, 1);
   } else {
     --ra_running_;
-    if (stored_bytes) ++readahead_fetches_;
+    if (stored_bytes) record_->Add(LayerRecord::kReadaheadFetches, 1);
   }
   TopUpLocked();
   ra_cv_.notify_all();
@@ -203,7 +205,7 @@ void ServedLayer::TopUpLocked() {
     const uint64_t limit = extents[s.next].offset + kMaxAhead;
     size_t i = std::max(s.issued, s.next);
     for (; i < end && ra_running_ < kLayerRunning && extents[i].offset < limit; ++i) {
-      if (touched_[i].load(std::memory_order_relaxed)) continue;  // read already: cached
+      if (record_->Touched(static_cast<uint32_t>(i))) continue;  // read already: cached
       if (cache_.Prefetch(extents[i].hash, store_, extents[i].length, [weak, i](uint64_t bytes) {
             if (auto self = weak.lock()) self->FetchDone(bytes, i, /*list=*/false);
           })) {
@@ -219,10 +221,7 @@ void ServedLayer::WaitForBackground() {
   ra_cv_.wait(lock, [&] { return ra_running_ == 0 && list_running_ == 0; });
 }
 
-std::vector<uint32_t> ServedLayer::AccessOrder() const {
-  std::lock_guard lock(mu_);
-  return access_order_;
-}
+std::vector<uint32_t> ServedLayer::AccessOrder() const { return record_->AccessOrder(); }
 
 LayerStats ServedLayer::Stats() const {
   LayerStats s;
@@ -230,22 +229,19 @@ LayerStats ServedLayer::Stats() const {
   s.blob_bytes = manifest_.blob_size;
   s.image_bytes = s.meta_bytes + s.blob_bytes;
   s.stored_bytes = manifest_.StoredBytes();
-  s.meta_bytes_fetched = meta_bytes_fetched_;
-  s.bytes_fetched = bytes_fetched_;
-  s.chunk_bytes_fetched = chunk_bytes_fetched_;
-  s.readahead_fetches = readahead_fetches_;
-  s.list_fetches = list_fetches_;
-  s.bytes_from_cache = bytes_from_cache_;
-  s.chunks_fetched = chunks_fetched_;
-  s.extents_touched = extents_touched_;
-  s.bytes_touched = bytes_touched_;
-  s.read_errors = read_errors_;
+  const LayerRecord& r = *record_;
+  s.meta_bytes_fetched = r.Get(LayerRecord::kMetaBytesFetched);
+  s.bytes_fetched = r.Get(LayerRecord::kBytesFetched);
+  s.chunk_bytes_fetched = r.Get(LayerRecord::kChunkBytesFetched);
+  s.readahead_fetches = r.Get(LayerRecord::kReadaheadFetches);
+  s.list_fetches = r.Get(LayerRecord::kListFetches);
+  s.bytes_from_cache = r.Get(LayerRecord::kBytesFromCache);
+  s.chunks_fetched = r.Get(LayerRecord::kChunksFetched);
+  s.extents_touched = r.Get(LayerRecord::kExtentsTouched);
+  s.bytes_touched = r.Get(LayerRecord::kBytesTouched);
+  s.read_errors = r.Get(LayerRecord::kReadErrors);
   s.blob_fetched_percent = s.blob_bytes ? 100.0 * static_cast<double>(s.bytes_touched) / static_cast<double>(s.blob_bytes) : 0;
-  std::vector<double> samples;
-  {
-    std::lock_guard lock(mu_);
-    samples = fetch_ms_;
-  }
+  std::vector<double> samples = r.Latencies();
   if (!samples.empty()) {
     std::sort(samples.begin(), samples.end());
     s.fetch_p50_ms = samples[samples.size() / 2];

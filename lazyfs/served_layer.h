@@ -26,6 +26,7 @@
 #include "cache/chunk_cache.h"
 #include "cache/manifest.h"
 #include "cache/object_store.h"
+#include "lazyfs/layer_record.h"
 
 namespace strata::lazyfs {
 
@@ -51,8 +52,10 @@ struct LayerStats {
 class ServedLayer : public std::enable_shared_from_this<ServedLayer> {
  public:
   // Always held by a shared_ptr (readahead's completions hold a weak one).
+  // `record` keeps the stats and access order (layer_record.h); null: in
+  // this process's memory only.
   ServedLayer(Digest128 digest, cache::Manifest manifest, std::shared_ptr<cache::ObjectStore> store,
-              cache::ChunkCache& cache);
+              cache::ChunkCache& cache, std::unique_ptr<LayerRecord> record = nullptr);
 
   // Fetches the metadata image (whole) into the cache and pins it.
   Status Load();
@@ -77,6 +80,7 @@ class ServedLayer : public std::enable_shared_from_this<ServedLayer> {
   // Extent indexes in the order this layer first read them.
   std::vector<uint32_t> AccessOrder() const;
   LayerStats Stats() const;
+  LayerRecord& record() { return *record_; }
 
  private:
   void NoteRead(size_t index, const cache::ChunkCache::Handle& h, uint64_t bytes, double fetch_ms);
@@ -101,14 +105,7 @@ class ServedLayer : public std::enable_shared_from_this<ServedLayer> {
   cache::ChunkCache& cache_;
   cache::ChunkCache::Handle meta_;
 
-  std::unique_ptr<std::atomic<bool>[]> touched_;
-  std::atomic<uint64_t> bytes_fetched_{0}, chunk_bytes_fetched_{0}, bytes_from_cache_{0}, chunks_fetched_{0};
-  std::atomic<uint64_t> readahead_fetches_{0}, list_fetches_{0}, meta_bytes_fetched_{0};
-  std::atomic<uint64_t> extents_touched_{0}, bytes_touched_{0}, read_errors_{0};
-  mutable std::mutex mu_;                 // guards the two below
-  std::vector<uint32_t> access_order_;
-  std::vector<double> fetch_ms_;          // the latest fetch latencies (a ring)
-  size_t fetch_ms_next_ = 0;
+  std::unique_ptr<LayerRecord> record_;  // the counters, the extents read and their order
 
   std::mutex ra_mu_;                      // guards the readahead state below
   std::condition_variable ra_cv_;

@@ -71,7 +71,7 @@ struct TreeFsOps {
     std::vector<erofs::DirEntry> entries;  // with "." and "..", in on-disk order
   };
 
-  static TreeFs* Fs(fuse_req_t req) { return static_cast<TreeFs*>(fuse_req_userdata(req)); }
+  static TreeFs* Fs(fuse_req_t req) { return static_cast<TreeFs*>(FuseMount::Owner(req)); }
 
   // The inode an open file carries, or (no open was sent) the one `ino` names.
   static Result<erofs::Inode> FileInode(const TreeFs& fs, fuse_ino_t ino, const fuse_file_info* fi) {
@@ -156,7 +156,7 @@ struct TreeFsOps {
   }
 
   static void Init(void* userdata, fuse_conn_info* conn) {
-    auto* fs = static_cast<TreeFs*>(userdata);
+    auto* fs = static_cast<TreeFs*>(FuseMount::OwnerOfSession(userdata));
     fs->no_open_ = (conn->capable & FUSE_CAP_NO_OPEN_SUPPORT) != 0;
     fs->no_opendir_ = (conn->capable & FUSE_CAP_NO_OPENDIR_SUPPORT) != 0;
     if (conn->capable & FUSE_CAP_CACHE_SYMLINKS) conn->want |= FUSE_CAP_CACHE_SYMLINKS;
@@ -486,7 +486,7 @@ namespace {
 const fuse_lowlevel_ops kTreeOps = TreeFsOps::Make();
 }
 
-Result<std::unique_ptr<TreeFs>> TreeFs::Mount(std::shared_ptr<ServedLayer> layer, const std::string& mountpoint) {
+Result<std::unique_ptr<TreeFs>> TreeFs::Open(std::shared_ptr<ServedLayer> layer, const std::string& mountpoint) {
   const std::string what = StrCat("serve layer ", layer->digest().Hex(), " in fuse mode");
   // The device table says whether the layer has a blob (a tree without
   // file data has none).
@@ -505,10 +505,14 @@ Result<std::unique_ptr<TreeFs>> TreeFs::Mount(std::shared_ptr<ServedLayer> layer
   fs->mountpoint_ = mountpoint;
   fs->layer_ = std::move(layer);
   fs->image_ = std::move(*image);
+  return fs;
+}
+
+FuseMountOptions TreeFs::Options() const {
   FuseMountOptions options;
   // suid and dev as the kernel mode's EROFS mount has them: a root
   // filesystem's setuid binaries and device nodes keep working.
-  options.options = {"fsname=lazyfs:" + fs->layer_->digest().Hex(),
+  options.options = {"fsname=lazyfs:" + layer_->digest().Hex(),
                      "subtype=lazyfs",
                      "ro",
                      "suid",
@@ -517,8 +521,22 @@ Result<std::unique_ptr<TreeFs>> TreeFs::Mount(std::shared_ptr<ServedLayer> layer
                      "allow_other"};
   options.max_threads = 64;
   options.max_idle_threads = 4;
-  auto fuse = FuseMount::Start(mountpoint, kTreeOps, fs.get(), options);
-  if (!fuse.ok()) return fuse.status().Annotate(what);
+  return options;
+}
+
+Result<std::unique_ptr<TreeFs>> TreeFs::Mount(std::shared_ptr<ServedLayer> layer, const std::string& mountpoint) {
+  STRATA_ASSIGN_OR_RETURN(auto fs, Open(layer, mountpoint));
+  auto fuse = FuseMount::Start(mountpoint, kTreeOps, fs.get(), fs->Options());
+  if (!fuse.ok()) return fuse.status().Annotate(StrCat("serve layer ", layer->digest().Hex(), " in fuse mode"));
+  fs->fuse_ = std::move(*fuse);
+  return fs;
+}
+
+Result<std::unique_ptr<TreeFs>> TreeFs::Adopt(std::shared_ptr<ServedLayer> layer, const std::string& mountpoint,
+                                              UniqueFd fd, FuseInit init) {
+  STRATA_ASSIGN_OR_RETURN(auto fs, Open(layer, mountpoint));
+  auto fuse = FuseMount::Adopt(mountpoint, std::move(fd), std::move(init), kTreeOps, fs.get(), fs->Options());
+  if (!fuse.ok()) return fuse.status().Annotate(StrCat("serve layer ", layer->digest().Hex(), " in fuse mode"));
   fs->fuse_ = std::move(*fuse);
   return fs;
 }

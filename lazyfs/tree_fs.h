@@ -37,6 +37,11 @@ class TreeFs {
   // (created if missing). Fails when the image is not one the reader
   // supports, naming the layer and the reason.
   static Result<std::unique_ptr<TreeFs>> Mount(std::shared_ptr<ServedLayer> layer, const std::string& mountpoint);
+  // Takes over the layer's mount at `mountpoint`, served by a process that
+  // died, through its connection `fd` (FuseMount::Adopt). Node ids and
+  // file handles are stateless (above), so nothing else carries over.
+  static Result<std::unique_ptr<TreeFs>> Adopt(std::shared_ptr<ServedLayer> layer, const std::string& mountpoint,
+                                               UniqueFd fd, FuseInit init);
   // Unmounts (see ~FuseMount).
   ~TreeFs();
   TreeFs(const TreeFs&) = delete;
@@ -45,10 +50,13 @@ class TreeFs {
   const std::string& mountpoint() const { return mountpoint_; }
   const erofs::Image& image() const { return *image_; }
   const ServedLayer& layer() const { return *layer_; }
+  const FuseMount& fuse() const { return *fuse_; }
 
  private:
   friend struct TreeFsOps;
   TreeFs() = default;
+  static Result<std::unique_ptr<TreeFs>> Open(std::shared_ptr<ServedLayer> layer, const std::string& mountpoint);
+  FuseMountOptions Options() const;
 
   std::string mountpoint_;
   std::shared_ptr<ServedLayer> layer_;

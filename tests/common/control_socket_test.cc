@@ -1,10 +1,13 @@
 #include "common/control_socket.h"
 
 #include <gtest/gtest.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <thread>
 
+#include "common/frame.h"
 #include "common/unix_socket.h"
 #include "tests/testing/test_util.h"
 
@@ -42,6 +45,53 @@ TEST(ControlSocketTest, AnswersErrorsAndUnreachableServersKeepTheirErrno) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
   auto gone = ControlCall(path, "echo", json::object(), 5s);
   EXPECT_TRUE(gone.status().code() == ENOENT || gone.status().code() == ECONNREFUSED) << gone.status().ToString();
+}
+
+
+// Client and server of different releases refuse each other by name, at
+// once — neither waits for an answer that never comes.
+TEST(ControlSocketTest, AProtocolMismatchIsAClearErrorWithinASecond) {
+  TempDir dir = testing::MakeTempDir();
+  const std::string path = dir.Sub("control.sock");
+  auto handler = [](const ControlRequest&) -> Result<json> { return json::object(); };
+  ASSERT_OK_AND_ASSIGN(auto server, ControlServer::ListenUnix(path, 0600, handler, /*protocol=*/3));
+  ASSERT_OK(ControlCall(path, "health", json::object(), 30s, 3).status());
+  for (int client : {2, 4}) {
+    const auto start = std::chrono::steady_clock::now();
+    auto r = ControlCall(path, "health", json::object(), 30s, client);
+    EXPECT_LT(std::chrono::steady_clock::now() - start, 1s);
+    EXPECT_EQ(r.status().code(), EPROTO);
+    EXPECT_NE(r.status().ToString().find("the server speaks protocol 3, this client " + std::to_string(client)),
+              std::string::npos)
+        << r.status().ToString();
+  }
+  // A caller that sends no version (an older client) is told so.
+  ASSERT_OK_AND_ASSIGN(UniqueFd raw, ConnectUnix(path, 5s));
+  ASSERT_OK(WriteFrame(raw.get(), 1, R"({"op":"health","args":{}})"));
+  uint8_t type = 0;
+  std::string payload;
+  ASSERT_OK(ReadFrame(raw.get(), &type, &payload));  // the greeting
+  ASSERT_OK(ReadFrame(raw.get(), &type, &payload));
+  EXPECT_EQ(type, 3) << payload;
+  EXPECT_NE(payload.find("none (an older release)"), std::string::npos) << payload;
+
+  // A server that greets nobody (an older daemon) answers at once; the
+  // client says what it is instead of taking its answer.
+  const std::string old_path = dir.Sub("old.sock");
+  ASSERT_OK_AND_ASSIGN(UniqueFd listener, ListenUnix(old_path, 0600));
+  std::thread old([&] {
+    int conn = ::accept(listener.get(), nullptr, nullptr);
+    uint8_t t = 0;
+    std::string p;
+    if (ReadFrame(conn, &t, &p).ok()) WriteFrame(conn, 2, "{}").IgnoreError();
+    ::close(conn);
+  });
+  const auto start = std::chrono::steady_clock::now();
+  auto r = ControlCall(old_path, "health", json::object(), 30s, 2);
+  old.join();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 1s);
+  EXPECT_EQ(r.status().code(), EPROTO);
+  EXPECT_NE(r.status().ToString().find("speaks no protocol version"), std::string::npos) << r.status().ToString();
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <future>
 #include <mutex>
 
 #include "common/http_server.h"
@@ -438,6 +439,52 @@ TEST_F(DaemonTest, ASnapshotStartsNewSandboxesWhereTheAgentLeftOff) {
   if (d) ::closedir(d);
   EXPECT_LE(snapshots, 2) << "(. and ..)";
   ::rmdir((uppers_ + "/.snapshots").c_str());
+}
+
+
+// The node's lazyfs serving process is killed, then upgraded, under a
+// sandbox that reads its whole tree in a loop (page caches dropped all the
+// while, so the reads reach lazyfs): nothing inside notices.
+TEST_F(DaemonTest, ASandboxReadsOnThroughALazyfsCrashAndAnUpgrade) {
+  StartDaemon();
+  std::string id = Create();
+  auto reader = std::async(std::launch::async, [&] {
+    return Cli({"exec", id, "--", "sh", "-c",
+                "end=$(( $(date +%s) + 8 )); n=0; while [ $(date +%s) -lt $end ]; do "
+                "find / -xdev -type f > /tmp/list 2>/tmp/err && xargs cat < /tmp/list > /dev/null 2>>/tmp/err "
+                "|| { cat /tmp/err; echo FAIL; }; n=$((n+1)); done; echo passes $n"});
+  });
+  std::atomic<bool> done{false};
+  std::thread dropper([&] {
+    while (!done) {
+      WriteFileAtomic("/proc/sys/vm/drop_caches", "3", false).IgnoreError();
+      std::this_thread::sleep_for(50ms);
+    }
+  });
+  lazyfs::Client lazyfs(dir_.Sub("lazyfs.sock"));
+  auto serving = [&] {
+    auto h = lazyfs.Call("health");
+    return h.ok() ? (*h)["pid"].get<pid_t>() : -1;
+  };
+  std::this_thread::sleep_for(1500ms);
+  const pid_t first = serving();
+  ASSERT_GT(first, 0);
+  ASSERT_EQ(::kill(first, SIGKILL), 0);
+  for (int i = 0; i < 250 && (serving() == first || serving() < 0); ++i) std::this_thread::sleep_for(20ms);
+  EXPECT_NE(serving(), first);
+  std::this_thread::sleep_for(1500ms);
+  ASSERT_OK_AND_ASSIGN(auto upgraded, RunCommand({.argv = {testing::TestBinaryDir() + "/../../lazyfs/lazyfs", "--socket",
+                                                           dir_.Sub("lazyfs.sock"), "upgrade"}}));
+  EXPECT_EQ(upgraded.exit_code, 0) << upgraded.err;
+  auto r = reader.get();
+  done = true;
+  dropper.join();
+  ASSERT_OK(r.status());
+  EXPECT_EQ(r->exit_code, 0) << r->err;
+  EXPECT_EQ(r->out.find("FAIL"), std::string::npos) << r->out;
+  EXPECT_NE(r->out.find("passes"), std::string::npos) << r->out;
+  ASSERT_OK_AND_ASSIGN(auto still, Cli({"exec", id, "--", "cat", "/etc/passwd"}));
+  EXPECT_EQ(still.exit_code, 0) << still.err;
 }
 
 }  // namespace

@@ -83,7 +83,9 @@ class SandboxTest : public ::testing::Test {
     if (client.Alive()) {
       auto stats = client.Call("stats");
       if (stats.ok()) {
-        pid_t pid = (*stats)["pid"].get<pid_t>();
+        // The supervisor stops its serving process (which unmounts) and exits.
+        const nlohmann::json& sup = (*stats)["supervisor"];
+        pid_t pid = sup.is_object() ? sup["pid"].get<pid_t>() : (*stats)["pid"].get<pid_t>();
         ::kill(pid, SIGTERM);
         for (int i = 0; i < 500 && ::kill(pid, 0) == 0; ++i) std::this_thread::sleep_for(10ms);
       }

@@ -197,58 +197,5 @@ TEST_F(LazyfsTest, RecordedAccessListIsPrefetchedAtTheNextMount) {
   ASSERT_OK(daemon_->UnmountAt(dir_.Sub("mnt")));
 }
 
-TEST_F(LazyfsTest, CommandLineStartsTheDaemonAndSurvivesItsDeath) {
-  std::string src = dir_.Sub("src");
-  ASSERT_OK(MakeDirs(src));
-  ASSERT_OK(WriteFileAtomic(src + "/hello", "hello\n"));
-  ASSERT_OK(WriteFileAtomic(src + "/later", RandomBytes(1 << 20, 5)));
-  Publish(src, "cli");
-  const std::string socket = dir_.Sub("cli.sock");
-  auto lazyfs = [&](std::vector<std::string> args) {
-    args.insert(args.begin(), {Tool(), "--socket", socket});
-    return RunCommand({.argv = args, .env = {"STRATA_STORE=" + store_url_, "STRATA_CACHE=" + dir_.Sub("cli-cache")}});
-  };
-  ASSERT_OK_AND_ASSIGN(auto mounted, lazyfs({"mount", "cli:1", dir_.Sub("m1")}));
-  ASSERT_EQ(mounted.exit_code, 0) << mounted.err;
-  ASSERT_OK_AND_ASSIGN(std::string hello, ReadFileToString(dir_.Sub("m1/hello")));
-  EXPECT_EQ(hello, "hello\n");
-  ASSERT_OK_AND_ASSIGN(auto stats, lazyfs({"stats", dir_.Sub("m1"), "--json"}));
-  ASSERT_EQ(stats.exit_code, 0) << stats.err;
-  auto j = nlohmann::json::parse(stats.out);
-  EXPECT_EQ(j["layers"][0]["bytes_fetched"], 6);
-  ASSERT_OK_AND_ASSIGN(auto human, lazyfs({"stats"}));
-  EXPECT_NE(human.out.find("p99"), std::string::npos);
-
-  // Kill the daemon: reads fail instead of hanging, umount cleans up, and
-  // the next mount starts a new daemon.
-  pid_t pid = j["pid"].get<pid_t>();
-  ASSERT_EQ(::kill(pid, SIGKILL), 0);
-  for (int i = 0; i < 100 && ::kill(pid, 0) == 0; ++i) std::this_thread::sleep_for(20ms);
-  auto start = std::chrono::steady_clock::now();
-  auto dead = ReadFileToString(dir_.Sub("m1/later"));
-  EXPECT_FALSE(dead.ok());
-  EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
-  ASSERT_OK_AND_ASSIGN(auto cleaned, lazyfs({"umount", dir_.Sub("m1")}));
-  EXPECT_EQ(cleaned.exit_code, 0) << cleaned.err;
-  EXPECT_FALSE(IsMountPoint(dir_.Sub("m1")));
-  ASSERT_OK_AND_ASSIGN(auto again, lazyfs({"mount", "cli:1", dir_.Sub("m2")}));
-  ASSERT_EQ(again.exit_code, 0) << again.err;
-  ASSERT_OK_AND_ASSIGN(std::string later, ReadFileToString(dir_.Sub("m2/later")));
-  EXPECT_EQ(later, RandomBytes(1 << 20, 5));
-  ASSERT_OK_AND_ASSIGN(auto unmounted, lazyfs({"umount", dir_.Sub("m2")}));
-  EXPECT_EQ(unmounted.exit_code, 0) << unmounted.err;
-
-  // SIGTERM: the daemon unmounts everything and exits.
-  ASSERT_OK_AND_ASSIGN(auto third, lazyfs({"mount", "cli:1", dir_.Sub("m3")}));
-  ASSERT_EQ(third.exit_code, 0) << third.err;
-  ASSERT_OK_AND_ASSIGN(auto s2, lazyfs({"stats", "--json"}));
-  pid = nlohmann::json::parse(s2.out)["pid"].get<pid_t>();
-  ASSERT_EQ(::kill(pid, SIGTERM), 0);
-  for (int i = 0; i < 200 && ::kill(pid, 0) == 0; ++i) std::this_thread::sleep_for(20ms);
-  EXPECT_NE(::kill(pid, 0), 0);
-  EXPECT_FALSE(IsMountPoint(dir_.Sub("m3")));
-  EXPECT_TRUE(MountsBelow(dir_.path()).empty());
-}
-
 }  // namespace
 }  // namespace strata::lazyfs
