@@ -346,6 +346,48 @@ DoctorCheck CheckNodeLimits(bool fix) {
   return c;
 }
 
+// The kernel's FUSE request timeout (Linux 6.14) aborts a whole connection
+// when one request is not answered in time: every sandbox on that layer at
+// once. lazyfs bounds its own reads (the fetch deadline, 60 s, then EIO)
+// and a restart of its serving process takes a second or two, so a timeout
+// is only safe above both (docs/operations.md).
+constexpr uint64_t kFuseTimeoutFloor = 75;
+
+DoctorCheck CheckFuseTimeout(bool fix) {
+  DoctorCheck c{"fuse timeout", true, false, ""};
+  std::vector<std::string> low, raised;
+  for (const char* name : {"default_request_timeout", "max_request_timeout"}) {
+    const std::string path = StrCat("/proc/sys/fs/fuse/", name);
+    auto read = [&]() -> uint64_t {
+      auto v = ReadFileToString(path);
+      return v.ok() ? std::strtoull(v->c_str(), nullptr, 10) : 0;
+    };
+    if (::access(path.c_str(), F_OK) != 0 || read() == 0 || read() >= kFuseTimeoutFloor) continue;
+    if (fix) {
+      if (FILE* f = std::fopen(path.c_str(), "w")) {
+        std::fprintf(f, "%llu\n", static_cast<unsigned long long>(kFuseTimeoutFloor));
+        std::fclose(f);
+      }
+    }
+    if (fix && read() >= kFuseTimeoutFloor) {
+      raised.push_back(StrCat("fs.fuse.", name, "=", kFuseTimeoutFloor));
+      continue;
+    }
+    low.push_back(StrCat("fs.fuse.", name, "=", read()));
+  }
+  c.ok = low.empty();
+  c.fixed = !raised.empty() && low.empty();
+  if (!low.empty()) {
+    c.detail = StrCat(Join(low, ", "), " s aborts a layer's FUSE connection, every sandbox on it, before lazyfs's fetch "
+                      "deadline and a restart: 0 or at least ", kFuseTimeoutFloor, " s (`launcher doctor --fix`)");
+  } else if (!raised.empty()) {
+    c.detail = "raised " + Join(raised, ", ");
+  } else {
+    c.detail = "no FUSE request timeout shorter than lazyfs's fetch deadline and a restart";
+  }
+  return c;
+}
+
 }  // namespace
 
 std::vector<DoctorCheck> RunDoctor(const NodeConfig& node, const DoctorOptions& options) {
@@ -354,6 +396,7 @@ std::vector<DoctorCheck> RunDoctor(const NodeConfig& node, const DoctorOptions& 
   bool fuse = ::access("/dev/fuse", R_OK | W_OK) == 0;
   if (!fuse && options.fix) fuse = ModprobeOk("fuse") && ::access("/dev/fuse", R_OK | W_OK) == 0;
   checks.push_back({"fuse", fuse, false, fuse ? "/dev/fuse is there" : "no /dev/fuse: `modprobe fuse`"});
+  checks.push_back(CheckFuseTimeout(options.fix));
   checks.push_back(CheckFilesystem("overlay", options.fix));
   checks.push_back(CheckFilesystem("erofs", options.fix));
   for (auto& c : CheckMounts(node)) checks.push_back(std::move(c));

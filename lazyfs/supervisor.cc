@@ -175,7 +175,7 @@ int RunSupervisor(const SupervisorOptions& o) {
   std::string binary = o.binary, good_binary, next_binary, last_error;
   int generation = 0, restarts = 0;
   bool stopping = false;
-  auto delay = std::chrono::milliseconds(0);
+  int quick_deaths = 0;
 
   while (true) {
     auto child = Spawn(o, binary);
@@ -233,7 +233,6 @@ int RunSupervisor(const SupervisorOptions& o) {
         } else if (op == "ready") {
           ready = true;
           good_binary = binary;
-          delay = std::chrono::milliseconds(0);
           report(OkStatus());
         } else if (op == "upgrade") {
           next_binary = msg->value("binary", std::string());
@@ -268,10 +267,13 @@ int RunSupervisor(const SupervisorOptions& o) {
     } else {
       STRATA_LOG(kError) << "lazyfs: serving process " << child->pid << " " << how << "; starting another";
     }
-    // One that dies at once is not restarted in a tight loop.
-    if (std::chrono::steady_clock::now() - started < std::chrono::seconds(1)) {
-      delay = std::min<std::chrono::milliseconds>(std::max<std::chrono::milliseconds>(delay * 2, std::chrono::milliseconds(100)),
-                                                  std::chrono::seconds(5));
+    // One that keeps dying at once is not restarted in a tight loop: the
+    // first such death restarts at once, the next after 0.1 s, doubling to 5 s.
+    if (std::chrono::steady_clock::now() - started >= std::chrono::seconds(1)) {
+      quick_deaths = 0;
+    } else if (++quick_deaths > 1) {
+      const auto delay = std::min<std::chrono::milliseconds>(
+          std::chrono::milliseconds(100 << std::min(quick_deaths - 2, 6)), std::chrono::seconds(5));
       pollfd pf{sigfd.get(), POLLIN, 0};
       if (::poll(&pf, 1, static_cast<int>(delay.count())) > 0) {
         STRATA_LOG(kWarn) << "lazyfs: stopped with no serving process; its mounts answer errors now";

@@ -19,12 +19,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
 #include <cstdio>
 #include <filesystem>
 #include <functional>
 #include <map>
 #include <optional>
 #include <random>
+#include <thread>
 #include <stdexcept>
 
 #include "cache/catalog.h"
@@ -266,6 +268,7 @@ class Lazyfs final : public Target {
     if (s["layers"].size() != 1) Check(Error(EIO, "lazyfs stats: expected one layer: " + s.dump()));
     return s["layers"][0];
   }
+  lazyfs::Client& client() { return *client_; }
   uint64_t BackingCached() override {
     // The chunk cache's files, and kernel mode's FUSE meta and blob files.
     return CachedUnder(cache()) + CachedUnder(lazyfs::StateDirFor(socket()) + "/fuse");
@@ -298,6 +301,67 @@ struct Figures {
 
 double MiB(uint64_t b) { return static_cast<double>(b) / (1 << 20); }
 
+// How long readers stall when the serving process goes under them. One
+// round: a cold mount, kStallReaders readers taking the tree's files in turn
+// (open, then 128 KiB reads, each timed), and at 150 ms the event: "kill"
+// (kill -9 of the serving process; the supervisor starts another), "upgrade"
+// (`lazyfs upgrade` to the same binary) or "none" (the baseline). The
+// figure per reader: the operation in progress at the event (or the next
+// one it began), in ms.
+constexpr int kStallReaders = 8;
+constexpr int kStallRounds = 3;
+
+std::vector<double> StallRound(Lazyfs& t, const std::vector<SourceFile>& files, const std::string& event) {
+  t.Up();
+  const auto t0 = Clock::now();
+  auto since = [&] { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); };
+  std::vector<std::vector<std::pair<double, double>>> ops(kStallReaders);
+  std::vector<std::string> errors(kStallReaders);
+  std::vector<std::thread> readers;
+  for (int r = 0; r < kStallReaders; ++r) {
+    readers.emplace_back([&, r] {
+      std::string buf(128 << 10, '\0');
+      for (size_t i = static_cast<size_t>(r); i < files.size() && errors[r].empty(); i += kStallReaders) {
+        double start = since();
+        UniqueFd fd(::open((t.mountpoint() + "/" + files[i].rel).c_str(), O_RDONLY | O_CLOEXEC));
+        ops[r].push_back({start, since()});
+        if (!fd) {
+          errors[r] = files[i].rel + ": open: " + std::strerror(errno);
+          break;
+        }
+        while (true) {
+          start = since();
+          ssize_t n = ::read(fd.get(), buf.data(), buf.size());
+          ops[r].push_back({start, since()});
+          if (n < 0) errors[r] = files[i].rel + ": read: " + std::strerror(errno);
+          if (n <= 0) break;
+        }
+      }
+    });
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(150));
+  const double at = since();
+  if (event == "kill") {
+    const pid_t pid = Check(t.client().Call("health"))["pid"].get<pid_t>();
+    ::kill(pid, SIGKILL);
+  } else if (event == "upgrade") {
+    Check(t.client().Call("upgrade"));
+  }
+  for (auto& r : readers) r.join();
+  std::vector<double> stalls;
+  for (int r = 0; r < kStallReaders; ++r) {
+    if (!errors[r].empty()) Check(Error(EIO, t.name() + ", " + event + ": " + errors[r]));
+    for (const auto& [start, end] : ops[r]) {
+      if (end >= at) {
+        stalls.push_back(end - start);
+        break;
+      }
+    }
+  }
+  t.Down();
+  return stalls;
+}
+
 // "12.3 MiB (4.1 %)": what a workload fetched (metadata image included) of
 // the image.
 std::string Fetched(const json& s) {
@@ -305,6 +369,32 @@ std::string Fetched(const json& s) {
   uint64_t bytes = s["meta_bytes_fetched"].get<uint64_t>() + s["bytes_fetched"].get<uint64_t>();
   double pct = 100.0 * static_cast<double>(bytes) / static_cast<double>(s["image_bytes"].get<uint64_t>());
   return StrCat(Fixed(MiB(bytes), 1), " MiB (", Fixed(pct, 1), " %)");
+}
+
+void PrintStalls(const std::vector<SourceFile>& files, Lazyfs& kernel, Lazyfs& fuse) {
+  std::fprintf(stderr, "lazyfs_bench: readers across a kill -9 and an upgrade of the serving process\n");
+  std::map<std::pair<Lazyfs*, std::string>, std::vector<double>> stalls;
+  for (int round = 0; round < kStallRounds; ++round) {
+    for (const char* event : {"none", "kill", "upgrade"}) {
+      for (Lazyfs* t : {&kernel, &fuse}) {
+        auto s = StallRound(*t, files, event);
+        auto& all = stalls[{t, event}];
+        all.insert(all.end(), s.begin(), s.end());
+      }
+    }
+  }
+  std::printf("\nreaders across the serving process's end (%d cold readers x %d rounds; per reader the open or\n"
+              "128 KiB read in progress at the event, or the next it began; p50 / p99):\n",
+              kStallReaders, kStallRounds);
+  Table table({"event", "kernel mode", "fuse mode", "target"});
+  auto cell = [&](Lazyfs* t, const char* event) {
+    const auto& v = stalls[{t, event}];
+    return Fixed(Percentile(v, 50), 1) + " / " + Fixed(Percentile(v, 99), 1) + " ms";
+  };
+  table.Add({"none (the same read, nothing happens)", cell(&kernel, "none"), cell(&fuse, "none"), "-"});
+  table.Add({"kill -9 of the serving process", cell(&kernel, "kill"), cell(&fuse, "kill"), "serves within 2 s"});
+  table.Add({"lazyfs upgrade (same binary)", cell(&kernel, "upgrade"), cell(&fuse, "upgrade"), "serves within 2 s"});
+  table.Print();
 }
 
 int Run(int argc, char** argv) {
@@ -343,6 +433,10 @@ int Run(int argc, char** argv) {
   Lazyfs fuse("fuse", dir.Sub("fuse"), store_url, store_dir);
   std::vector<Target*> targets = {&local, &kernel, &fuse};
   std::map<Target*, Figures> fig;
+  if (argc > 3 && std::string_view(argv[3]) == "restart") {  // only the restart rows
+    PrintStalls(files, kernel, fuse);
+    return 0;
+  }
 
   // Each phase on each target in turn, so load from elsewhere spreads.
   std::fprintf(stderr, "lazyfs_bench: mount and cold python import\n");
@@ -547,6 +641,7 @@ int Run(int argc, char** argv) {
               "<= 1.0; fetched <= 13.0 MB"});
   }
   http.Print();
+  PrintStalls(files, kernel, fuse);
   return 0;
 }
 

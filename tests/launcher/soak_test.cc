@@ -180,8 +180,9 @@ TEST_F(SoakTest, CyclesWithKilledSandboxesAndDaemonsLeaveNothingBehind) {
   EXPECT_EQ(end.cgroups, 0u);
   EXPECT_EQ(end.subvolumes, 0u);
   EXPECT_EQ(end.processes, 0u);
-  // (Kernel caches settle slowly; a leak of a sandbox's worth per cycle would be gigabytes.)
-  EXPECT_GT(static_cast<int64_t>(end.mem_available_kib), static_cast<int64_t>(start.mem_available_kib) - 256 * 1024);
+  // (Kernel caches settle slowly: samples of one run here swing by 200-330
+  // MiB either way. A leak of a sandbox's worth per cycle would be gigabytes.)
+  EXPECT_GT(static_cast<int64_t>(end.mem_available_kib), static_cast<int64_t>(start.mem_available_kib) - 512 * 1024);
   StopDaemon(SIGTERM);
   ExpectHostClean();
 }

@@ -33,15 +33,19 @@ constexpr size_t kFileBytes = 3 << 20;
 class TakeoverTest : public LazyfsTest, public ::testing::WithParamInterface<std::string> {
  protected:
   void TearDown() override {
-    if (supervisor_ > 0) {
-      ::kill(supervisor_, SIGTERM);
-      for (int i = 0; i < 500 && ::kill(supervisor_, 0) == 0; ++i) std::this_thread::sleep_for(20ms);
-      if (::kill(supervisor_, 0) == 0) {
-        ADD_FAILURE() << "the supervisor did not stop on SIGTERM";
-        ::kill(supervisor_, SIGKILL);
-      }
-    }
+    StopSupervised();
     LazyfsTest::TearDown();
+  }
+
+  void StopSupervised() {
+    if (supervisor_ <= 0) return;
+    ::kill(supervisor_, SIGTERM);
+    for (int i = 0; i < 500 && ::kill(supervisor_, 0) == 0; ++i) std::this_thread::sleep_for(20ms);
+    if (::kill(supervisor_, 0) == 0) {
+      ADD_FAILURE() << "the supervisor did not stop on SIGTERM";
+      ::kill(supervisor_, SIGKILL);
+    }
+    supervisor_ = -1;
   }
 
   Result<SubprocessResult> Lazyfs(std::vector<std::string> args) {
@@ -159,6 +163,16 @@ TEST_P(TakeoverTest, KillingTheServingProcessUnderColdReadersLosesNothing) {
     EXPECT_EQ(list.size(), distinct.size()) << "an extent listed twice";
     EXPECT_EQ(distinct.size(), manifest.extents.size()) << "extents read but not recorded";
   }
+  // Chunks were being fetched and written to the cache at every kill: what
+  // the cache holds is whole and what it names.
+  StopSupervised();
+  cache::ChunkCacheOptions options;
+  options.dir = dir_.Sub("cache");
+  ASSERT_OK_AND_ASSIGN(auto cache, cache::ChunkCache::Open(options));
+  ASSERT_OK_AND_ASSIGN(cache::VerifyReport report, cache->Verify());
+  EXPECT_GT(report.checked, 0u);
+  EXPECT_EQ(report.corrupt, 0u);
+  EXPECT_EQ(report.missing, 0u);
 }
 
 TEST_P(TakeoverTest, AnUpgradeReplacesTheServingProcessUnderReaders) {
