@@ -48,6 +48,9 @@ Result<std::unique_ptr<ControlServer>> ControlServer::Start(UniqueFd listener, s
   server->protocol_ = protocol;
   server->owns_path_ = owns_path;
   server->listener_ = std::move(listener);
+  // Polled, then accepted: a caller that gave up in between must not block
+  // the acceptor (and so the server's end).
+  ::fcntl(server->listener_.get(), F_SETFL, ::fcntl(server->listener_.get(), F_GETFL) | O_NONBLOCK);
   server->acceptor_ = std::thread([s = server.get()] { s->AcceptLoop(); });
   return server;
 }
@@ -81,7 +84,7 @@ void ControlServer::AcceptLoop() {
     if (::poll(fds, 2, -1) < 0) continue;
     if (stopping_ || (fds[1].revents & POLLIN)) return;
     if (!(fds[0].revents & POLLIN)) continue;
-    int fd = ::accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    int fd = ::accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC);
     if (fd < 0) {
       if (errno == EINTR || errno == ECONNABORTED || errno == EAGAIN) continue;
       if (stopping_) return;
@@ -92,7 +95,6 @@ void ControlServer::AcceptLoop() {
     }
     UniqueFd conn(fd);
     if (stopping_) return;
-    ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
     // A caller that stalls cannot hold a handler (and so the server's
     // shutdown) for long: it has this long to send and to take the answer.
     timeval tv{30, 0};
@@ -126,13 +128,20 @@ void ControlServer::Answer(int conn) {
   }
   uint8_t type = 0;
   std::string payload;
-  // The greeting first: a caller of another release stops here.
-  if (!WriteFrame(conn, kHello, json{{"protocol", protocol_}, {"pid", ::getpid()}}.dump()).ok()) return;
   Result<json> answer = Error(EPROTO, "control socket: malformed request");
-  if (ReadFrame(conn, &type, &payload).ok() && type == kRequest) {
+  if (!ReadFrame(conn, &type, &payload).ok()) return;
+  int theirs = 0;  // none: an older client, whose first frame is its request
+  if (type == kHello) {
+    // The caller's version first, and ours back, before it sends anything
+    // that could act: releases that differ stop here.
+    json hello = json::parse(payload, nullptr, false);
+    theirs = hello.is_object() ? hello.value("protocol", 0) : 0;
+    if (!WriteFrame(conn, kHello, json{{"protocol", protocol_}, {"pid", ::getpid()}}.dump()).ok()) return;
+    if (theirs != protocol_ || !ReadFrame(conn, &type, &payload).ok()) return;
+  }
+  if (type == kRequest) {
     json j = json::parse(payload, nullptr, false);
-    const int theirs = j.is_object() && j.contains("protocol") && j["protocol"].is_number_integer() ? j["protocol"].get<int>() : 0;
-    if (j.is_object() && theirs != protocol_) {
+    if (theirs != protocol_) {
       answer = Error(EPROTO, StrCat("control socket ", socket_path_, " speaks protocol ", protocol_, "; the caller speaks ",
                                     theirs ? std::to_string(theirs) : std::string("none (an older release)"),
                                     ": run client and daemon of one release"));
@@ -158,8 +167,6 @@ void ControlServer::Answer(int conn) {
 Result<json> ControlCall(const std::string& socket_path, std::string_view op, const json& args, Duration timeout,
                          int protocol) {
   STRATA_ASSIGN_OR_RETURN(UniqueFd fd, ConnectUnix(socket_path, timeout));
-  json request = {{"op", op}, {"args", args.is_object() ? args : json::object()}, {"protocol", protocol}};
-  STRATA_RETURN_IF_ERROR(WriteFrame(fd.get(), kRequest, request.dump()).Annotate(StrCat(op, " on ", socket_path)));
   uint8_t type = 0;
   std::string payload;
   auto read = [&]() -> Status {
@@ -171,8 +178,19 @@ Result<json> ControlCall(const std::string& socket_path, std::string_view op, co
     }
     return s.Annotate(StrCat(op, " on ", socket_path));
   };
+  auto write = [&](uint8_t t, const std::string& body) -> Status {
+    Status s = WriteFrame(fd.get(), t, body);
+    if (s.ok()) return s;
+    if (s.code() == EPIPE || s.code() == ECONNRESET) {
+      return Error(ECONNRESET, StrCat(op, " on ", socket_path, ": the server closed the connection before answering"));
+    }
+    return s.Annotate(StrCat(op, " on ", socket_path));
+  };
+  // Versions first: nothing that acts goes to a server of another release.
+  STRATA_RETURN_IF_ERROR(write(kHello, json{{"protocol", protocol}}.dump()));
   STRATA_RETURN_IF_ERROR(read());
   if (type != kHello) {
+    // An older server takes the greeting for a malformed request.
     return Error(EPROTO, StrCat(op, " on ", socket_path, ": the server speaks no protocol version (an older release; "
                                 "this client speaks ", protocol, "): run client and daemon of one release"));
   }
@@ -182,6 +200,8 @@ Result<json> ControlCall(const std::string& socket_path, std::string_view op, co
     return Error(EPROTO, StrCat(op, " on ", socket_path, ": the server speaks protocol ", theirs, ", this client ", protocol,
                                 ": run client and daemon of one release"));
   }
+  json request = {{"op", op}, {"args", args.is_object() ? args : json::object()}};
+  STRATA_RETURN_IF_ERROR(write(kRequest, request.dump()));
   STRATA_RETURN_IF_ERROR(read());
   json j = json::parse(payload, nullptr, false);
   if (!j.is_object()) return Error(EPROTO, StrCat(op, " on ", socket_path, ": the answer is not a JSON object"));

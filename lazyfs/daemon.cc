@@ -155,6 +155,7 @@ Status Daemon::Init() {
     STRATA_RETURN_IF_ERROR(MakeDirs(Dirname(options_.socket_path)));
     STRATA_ASSIGN_OR_RETURN(server_, ControlServer::ListenUnix(options_.socket_path, 0600, handler, kControlProtocol));
   }
+  owns_state_ = true;
   maintainer_ = std::thread([this] { Maintain(); });
   if (link_) STRATA_RETURN_IF_ERROR(link_->Ready());
   return OkStatus();
@@ -207,11 +208,11 @@ void Daemon::JournalLocked(const json& event) {
 std::vector<json> Daemon::SnapshotLocked() const {
   std::vector<json> events;
   for (const auto& [key, entry] : layers_) {
-    if (!entry->layer) continue;  // loading: its events come when it is loaded
+    if (!entry->journaled) continue;  // loading: its events come when it is loaded
     const std::string d = key.first.Hex(), m(MountModeName(key.second));
     events.push_back({{"e", "layer"}, {"d", d}, {"m", m}, {"s", entry->store_url}});
     for (const auto& h : entry->holders) events.push_back({{"e", "hold"}, {"d", d}, {"m", m}, {"h", h}});
-    for (const auto& [idmap, mount] : entry->idmapped) events.push_back({{"e", "view"}, {"d", d}, {"m", m}, {"i", idmap}});
+    for (const auto& view : entry->views) events.push_back({{"e", "view"}, {"d", d}, {"m", m}, {"i", view}});
   }
   for (const auto& [mp, bind] : binds_) {
     events.push_back({{"e", "bind"}, {"p", mp}, {"d", bind.key.first.Hex()}, {"m", MountModeName(bind.key.second)}, {"r", bind.record}});
@@ -302,6 +303,7 @@ Status Daemon::Restore(std::map<std::string, SupervisorLink::Kept>& kept) {
     entry->catalog = *CatalogFor(r.store);
     entry->store_url = cache::DefaultStoreUrl(r.store);
     entry->holders = r.holders;
+    entry->journaled = true;
     entry->unused_since = std::chrono::steady_clock::now();
     const std::string hex = key.first.Hex();
     if (key.second == MountMode::kFuse) {
@@ -315,6 +317,7 @@ Status Daemon::Restore(std::map<std::string, SupervisorLink::Kept>& kept) {
       kept.erase(tree_fd);
       if (!tree.ok()) {
         STRATA_LOG(kError) << "lazyfs: " << tree.status().ToString();
+        if (link_) link_->Drop(TreeName(key.first)).IgnoreError();  // the connection is cut; nobody keeps it
         continue;
       }
       entry->tree = std::move(*tree);
@@ -333,6 +336,7 @@ Status Daemon::Restore(std::map<std::string, SupervisorLink::Kept>& kept) {
         std::string path = StrCat(state_dir_, "/layers/", hex, "@", idmap->host, "-", idmap->size);
         if (!IsMountPoint(path)) continue;
         entry->idmapped.emplace(view, MountPoint::Adopt(path));
+        entry->views.insert(view);
         live.insert(path);
       }
     }
@@ -341,9 +345,18 @@ Status Daemon::Restore(std::map<std::string, SupervisorLink::Kept>& kept) {
     layers_[key] = entry;
   }
   for (auto& [mp, bind] : binds) {
-    if (!layers_.count(bind.key) || !IsMountPoint(mp)) continue;  // lost with its layer: gone below
+    if (!IsMountPoint(mp)) continue;
+    if (!layers_.count(bind.key)) {  // lost with its layer: it would only answer errors
+      STRATA_LOG(kWarn) << "lazyfs: removing " << mp << ": its layer was not taken over";
+      ::umount2(mp.c_str(), MNT_DETACH);
+      continue;
+    }
     bind.mount = MountPoint::Adopt(mp);
     binds_.emplace(mp, std::move(bind));
+  }
+  // A crash between an unbind and its release leaves a holder without mount.
+  for (auto& [key, entry] : layers_) {
+    std::erase_if(entry->holders, [&](const std::string& h) { return h.starts_with("mount:") && !binds_.count(h.substr(6)); });
   }
   RemoveStaleMounts(live);
   // Records of layers not carried over.
@@ -362,6 +375,20 @@ Daemon::~Daemon() {
   server_.reset();  // no new requests
   Stop();
   if (maintainer_.joinable()) maintainer_.join();
+  if (!owns_state_ && link_) {
+    // Init failed under a supervisor: the mounts and state stay for the
+    // next serving process (the connections live on in the supervisor's
+    // copies; our own half-made mounts are among the stale ones it removes).
+    std::lock_guard lock(mu_);
+    for (auto& [mp, bind] : binds_) bind.mount.Release();
+    for (auto& [key, entry] : layers_) {
+      entry->erofs.Release();
+      for (auto& [k, view] : entry->idmapped) view.Release();
+      (void)entry->tree.release();  // its loop dies with the process
+    }
+    (void)fs_.release();
+    return;
+  }
   std::map<std::string, BindMount> binds;
   std::map<LayerKey, std::shared_ptr<LayerEntry>> layers;
   {
@@ -379,6 +406,7 @@ Daemon::~Daemon() {
     Unload(*entry, key);
   }
   fs_.reset();
+  if (!owns_state_) return;  // (no supervisor: a daemon that never started; the state is not its own)
   // Everything is unmounted: nothing to take over.
   for (const auto& name : FileNames(state_dir_ + "/state")) {
     ::unlink((state_dir_ + "/state/" + name).c_str());
@@ -557,6 +585,7 @@ Result<Daemon::LayerHandle> Daemon::Acquire(std::string_view ref, const std::str
       if (entry->holders.empty() && layers_[key] == entry) layers_.erase(key);
       return s;
     }
+    entry->journaled = true;
     JournalLocked({{"e", "layer"}, {"d", hex}, {"m", mode_name}, {"s", entry->store_url}});
   }
   std::string path = entry->path;
@@ -570,6 +599,7 @@ Result<Daemon::LayerHandle> Daemon::Acquire(std::string_view ref, const std::str
     path = *view;
     if (made) {
       std::lock_guard lock(mu_);
+      entry->views.insert(idmap->ToString());
       JournalLocked({{"e", "view"}, {"d", hex}, {"m", mode_name}, {"i", idmap->ToString()}});
     }
   }

@@ -139,6 +139,10 @@ class Daemon {
     std::string path;
     std::map<std::string, MountPoint> idmapped;  // by IdMapping::ToString()
     std::set<std::string> holders;  // guarded by Daemon::mu_
+    // What the journal has of it (guarded by Daemon::mu_): loaded, and the
+    // idmapped views made (IdMapping strings).
+    bool journaled = false;
+    std::set<std::string> views;
     std::chrono::steady_clock::time_point unused_since;  // guarded by Daemon::mu_
   };
   struct BindMount {
@@ -173,6 +177,10 @@ class Daemon {
   const std::string state_dir_;
   UniqueFd lock_fd_;
   std::unique_ptr<SupervisorLink> link_;
+  // Set once Init succeeded: only then may the destructor unmount and
+  // remove state (one that failed to start must leave its predecessor's
+  // mounts and state for the next try, or for the daemon holding the lock).
+  bool owns_state_ = false;
   UniqueFd journal_;           // guarded by mu_
   size_t journal_events_ = 0;  // guarded by mu_
   std::unique_ptr<cache::ChunkCache> cache_;

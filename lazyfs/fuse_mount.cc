@@ -162,23 +162,19 @@ Result<std::unique_ptr<FuseMount>> FuseMount::Adopt(const std::string& mountpoin
       return Error(EIO, StrCat(what, ": libfuse did not take the replayed INIT"));
     }
   }
-  if (m->replay_reply_ != m->init_.reply) {
-    // The new session would not speak as the kernel was told (other
-    // options, another libfuse): serving on would corrupt replies, so the
-    // connection is cut (~FuseMount) and its readers get errors, not hangs.
-    auto hex = [](const std::string& b) {
-      return HexEncode(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(b.data()), std::min<size_t>(b.size(), 96)));
-    };
-    STRATA_LOG(kError) << "lazyfs: " << mountpoint << ": INIT reply recorded " << hex(m->init_.reply) << ", replayed "
-                       << hex(m->replay_reply_);
-    return Error(EPROTO, StrCat(what, ": this libfuse session answers INIT differently than the one that mounted it"));
-  }
   {
     std::lock_guard lock(m->mu_);
     if (m->loop_done_) return Error(EIO, StrCat(what, ": libfuse ended the session at the replayed INIT"));
   }
+  // The loop serves now: the root's device, so a failure below can cut the
+  // connection (~FuseMount) rather than leave its readers waiting.
   struct stat st;
   if (::stat(mountpoint.c_str(), &st) == 0) m->device_ = st.st_dev;
+  if (m->replay_reply_ != m->init_.reply) {
+    // The new session would not speak as the kernel was told (other
+    // options, another libfuse): serving on would corrupt replies.
+    return Error(EPROTO, StrCat(what, ": this libfuse session answers INIT differently than the one that mounted it"));
+  }
   return m;
 }
 

@@ -209,7 +209,13 @@ Result<std::unique_ptr<LayerFs>> LayerFs::Adopt(const std::string& mountpoint, b
   std::unique_ptr<LayerFs> fs(new LayerFs());
   fs->mountpoint_ = mountpoint;
   fs->blob_direct_io_ = blob_direct_io;
-  for (const auto& layer : layers) STRATA_RETURN_IF_ERROR(fs->Add(layer));
+  for (const auto& layer : layers) {
+    STRATA_RETURN_IF_ERROR(fs->Add(layer));
+    // How many references the kernel holds is not known after a takeover:
+    // enough that a layer removed later stays readable while the kernel
+    // holds it (a busy EROFS mount detached), for the rest of this process.
+    for (bool blob : {false, true}) fs->by_ino_[InoFor(layer->digest(), blob)]->lookups = uint64_t{1} << 40;
+  }
   STRATA_ASSIGN_OR_RETURN(fs->fuse_,
                           FuseMount::Adopt(mountpoint, std::move(fd), std::move(init), kOps, fs.get(), LayerFsOptions()));
   return fs;

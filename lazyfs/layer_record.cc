@@ -73,7 +73,12 @@ Result<std::unique_ptr<LayerRecord>> LayerRecord::Open(const std::string& path, 
       STRATA_ASSIGN_OR_RETURN(fd, OpenFile(path, O_RDWR | O_CREAT | O_EXCL, 0600));
       if (::fstat(fd.get(), &st) != 0) return ErrnoError(errno, StrCat(what, ": stat"));
     }
-    if (fresh && ::ftruncate(fd.get(), static_cast<off_t>(r->size_)) != 0) return ErrnoError(errno, StrCat(what, ": size it"));
+    // Allocated, not sparse: a full file system is an error here, not a
+    // SIGBUS on the read path later.
+    if (fresh) {
+      int err = ::posix_fallocate(fd.get(), 0, static_cast<off_t>(r->size_));
+      if (err != 0) return ErrnoError(err, StrCat(what, ": allocate it"));
+    }
     r->ino_ = st.st_ino;
     r->map_ = ::mmap(nullptr, r->size_, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
   }

@@ -171,26 +171,94 @@ int RunSupervisor(const SupervisorOptions& o) {
   UniqueFd sigfd(::signalfd(-1, &stop_signals, SFD_CLOEXEC));
   if (!sigfd) return fail(ErrnoError(errno, "signalfd"));
 
+  ::signal(SIGCHLD, SIG_DFL);  // (an inherited SIG_IGN would reap our child for us)
   std::map<std::string, SupervisorLink::Kept> kept;
   std::string binary = o.binary, good_binary, next_binary, last_error;
-  int generation = 0, restarts = 0;
+  int generation = 0, restarts = 0, quick_deaths = 0;
   bool stopping = false;
-  int quick_deaths = 0;
+  // Waits `delay` unless a stop signal comes first (then true).
+  auto stop_during = [&](std::chrono::milliseconds delay) {
+    pollfd pf{sigfd.get(), POLLIN, 0};
+    return ::poll(&pf, 1, static_cast<int>(delay.count())) > 0;
+  };
 
   while (true) {
     auto child = Spawn(o, binary);
-    if (!child.ok()) return fail(child.status());
+    if (!child.ok()) {
+      if (generation == 0) return fail(child.status());
+      // Out of processes or memory for a moment: the mounts wait, we retry.
+      STRATA_LOG(kError) << "lazyfs: " << child.status().ToString() << "; retrying in 1 s";
+      if (stop_during(std::chrono::seconds(1))) return 1;
+      continue;
+    }
     const auto started = std::chrono::steady_clock::now();
-    bool ready = false;
+    bool ready = false, crashed = false;
     int status = 0;
     STRATA_LOG(kInfo) << "lazyfs: supervisor " << ::getpid() << ": serving process " << child->pid << " (" << binary
                       << ", generation " << generation << ")";
+    auto handle = [&](const json& msg, UniqueFd fd) {
+      const std::string op = msg["op"].get<std::string>();
+      if (op == "hello") {
+        if (msg.value("protocol", 0) != kSupervisorProtocol) {
+          last_error = StrCat(binary, " speaks supervisor protocol ", msg.value("protocol", 0), ", this supervisor ",
+                              kSupervisorProtocol);
+          STRATA_LOG(kError) << "lazyfs: " << last_error << ": refused";
+          ::kill(child->pid, SIGKILL);
+          return;
+        }
+        json welcome = {{"op", "welcome"},      {"protocol", kSupervisorProtocol}, {"generation", generation},
+                        {"restarts", restarts}, {"binary", binary},                {"supervisor", ::getpid()},
+                        {"last_error", last_error}};
+        Status sent = SendMessage(child->sock.get(), welcome);
+        if (sent.ok()) sent = SendMessage(child->sock.get(), {{"op", "fd"}, {"name", "control"}}, listener->get());
+        for (auto& [name, k] : kept) {
+          if (sent.ok()) sent = SendMessage(child->sock.get(), {{"op", "fd"}, {"name", name}, {"meta", k.meta}}, k.fd.get());
+        }
+        if (sent.ok()) sent = SendMessage(child->sock.get(), {{"op", "fds_done"}});
+        if (!sent.ok()) STRATA_LOG(kWarn) << "lazyfs: " << sent.ToString();
+      } else if (op == "keep" && fd) {
+        kept[msg.value("name", std::string())] = {std::move(fd), msg.value("meta", json::object())};
+      } else if (op == "drop") {
+        kept.erase(msg.value("name", std::string()));
+      } else if (op == "ready") {
+        ready = true;
+        good_binary = binary;
+        report(OkStatus());
+      } else if (op == "upgrade") {
+        next_binary = msg.value("binary", std::string());
+        last_error.clear();
+      }
+    };
+    auto receive = [&] {
+      UniqueFd fd;
+      auto msg = ReceiveMessage(child->sock.get(), &fd);
+      if (!msg.ok()) {
+        child->sock.reset();  // closed: the process is going; its exit follows
+        return;
+      }
+      handle(*msg, std::move(fd));
+    };
     while (true) {
+      // A new binary that does not serve in time is given up for the last
+      // good one.
+      int timeout_ms = -1;
+      const bool trial = !ready && !good_binary.empty() && binary != good_binary;
+      if (trial) {
+        auto left = std::chrono::seconds(30) - (std::chrono::steady_clock::now() - started);
+        timeout_ms = static_cast<int>(std::max<int64_t>(0, std::chrono::duration_cast<std::chrono::milliseconds>(left).count()));
+      }
       pollfd fds[3] = {{sigfd.get(), POLLIN, 0}, {child->pidfd.get(), POLLIN, 0}, {child->sock.get(), POLLIN, 0}};
       const nfds_t n = child->sock ? 3 : 2;
-      if (::poll(fds, n, -1) < 0) {
+      int polled = ::poll(fds, n, timeout_ms);
+      if (polled < 0) {
         if (errno == EINTR) continue;
         return fail(ErrnoError(errno, "poll"));
+      }
+      if (polled == 0 && trial) {
+        last_error = StrCat(binary, " did not serve within 30 s");
+        STRATA_LOG(kError) << "lazyfs: " << last_error;
+        ::kill(child->pid, SIGKILL);
+        continue;
       }
       if (fds[0].revents & POLLIN) {
         signalfd_siginfo info;
@@ -200,58 +268,30 @@ int RunSupervisor(const SupervisorOptions& o) {
           ::kill(child->pid, SIGTERM);
         }
       }
-      if (n == 3 && (fds[2].revents & (POLLIN | POLLHUP | POLLERR))) {
-        UniqueFd fd;
-        auto msg = ReceiveMessage(child->sock.get(), &fd);
-        if (!msg.ok()) {
-          child->sock.reset();  // closed: the process is going; its exit follows
-          continue;
-        }
-        const std::string op = (*msg)["op"].get<std::string>();
-        if (op == "hello") {
-          if (msg->value("protocol", 0) != kSupervisorProtocol) {
-            last_error = StrCat(binary, " speaks supervisor protocol ", msg->value("protocol", 0), ", this supervisor ",
-                                kSupervisorProtocol);
-            STRATA_LOG(kError) << "lazyfs: " << last_error << ": refused";
-            ::kill(child->pid, SIGKILL);
-            continue;
-          }
-          json welcome = {{"op", "welcome"},      {"protocol", kSupervisorProtocol}, {"generation", generation},
-                          {"restarts", restarts}, {"binary", binary},                {"supervisor", ::getpid()},
-                          {"last_error", last_error}};
-          Status s = SendMessage(child->sock.get(), welcome);
-          if (s.ok()) s = SendMessage(child->sock.get(), {{"op", "fd"}, {"name", "control"}}, listener->get());
-          for (auto& [name, k] : kept) {
-            if (s.ok()) s = SendMessage(child->sock.get(), {{"op", "fd"}, {"name", name}, {"meta", k.meta}}, k.fd.get());
-          }
-          if (s.ok()) s = SendMessage(child->sock.get(), {{"op", "fds_done"}});
-          if (!s.ok()) STRATA_LOG(kWarn) << "lazyfs: " << s.ToString();
-        } else if (op == "keep" && fd) {
-          kept[msg->value("name", std::string())] = {std::move(fd), msg->value("meta", json::object())};
-        } else if (op == "drop") {
-          kept.erase(msg->value("name", std::string()));
-        } else if (op == "ready") {
-          ready = true;
-          good_binary = binary;
-          report(OkStatus());
-        } else if (op == "upgrade") {
-          next_binary = msg->value("binary", std::string());
-          last_error.clear();
-        }
-      }
+      if (n == 3 && (fds[2].revents & (POLLIN | POLLHUP | POLLERR))) receive();
       if (fds[1].revents & POLLIN) {
-        while (::waitpid(child->pid, &status, 0) < 0 && errno == EINTR) {
+        // What it sent before it went counts (an upgrade, a last keep).
+        while (child->sock) {
+          pollfd pf{child->sock.get(), POLLIN, 0};
+          if (::poll(&pf, 1, 0) <= 0) break;
+          receive();
+        }
+        while (::waitpid(child->pid, &status, 0) < 0) {
+          if (errno == EINTR) continue;
+          crashed = true;  // not ours to know: take it for a crash
+          break;
         }
         break;
       }
     }
-    const std::string how = DescribeExit(status);
-    if (stopping || (WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
+    const std::string how = crashed ? std::string("ended (waitpid failed)") : DescribeExit(status);
+    const bool clean = !crashed && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    if (stopping || (clean && ready)) {
       STRATA_LOG(kInfo) << "lazyfs: serving process " << child->pid << " " << how << "; supervisor exits";
-      return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : 1;
+      return clean ? 0 : 1;
     }
     ++generation;
-    if (WIFEXITED(status) && WEXITSTATUS(status) == kExitHandover && !next_binary.empty()) {
+    if (!crashed && WIFEXITED(status) && WEXITSTATUS(status) == kExitHandover && !next_binary.empty()) {
       STRATA_LOG(kInfo) << "lazyfs: serving process " << child->pid << " handed over; next: " << next_binary;
       binary = std::exchange(next_binary, std::string());
       continue;
@@ -261,7 +301,10 @@ int RunSupervisor(const SupervisorOptions& o) {
       return fail(Error(EIO, StrCat("the serving process ", how, " before it served (", o.state_dir, "/lazyfs.log)")));
     }
     if (!ready && !good_binary.empty() && binary != good_binary) {
-      last_error = StrCat(binary, " ", how, " before it served; back to ", good_binary);
+      if (last_error.empty() || last_error.find(binary) == std::string::npos) {
+        last_error = StrCat(binary, " ", how, " before it served");
+      }
+      last_error += "; back to " + good_binary;
       STRATA_LOG(kError) << "lazyfs: " << last_error;
       binary = good_binary;
     } else {
@@ -274,8 +317,7 @@ int RunSupervisor(const SupervisorOptions& o) {
     } else if (++quick_deaths > 1) {
       const auto delay = std::min<std::chrono::milliseconds>(
           std::chrono::milliseconds(100 << std::min(quick_deaths - 2, 6)), std::chrono::seconds(5));
-      pollfd pf{sigfd.get(), POLLIN, 0};
-      if (::poll(&pf, 1, static_cast<int>(delay.count())) > 0) {
+      if (stop_during(delay)) {
         STRATA_LOG(kWarn) << "lazyfs: stopped with no serving process; its mounts answer errors now";
         return 1;
       }

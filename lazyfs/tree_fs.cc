@@ -538,6 +538,13 @@ Result<std::unique_ptr<TreeFs>> TreeFs::Adopt(std::shared_ptr<ServedLayer> layer
   auto fuse = FuseMount::Adopt(mountpoint, std::move(fd), std::move(init), kTreeOps, fs.get(), fs->Options());
   if (!fuse.ok()) return fuse.status().Annotate(StrCat("serve layer ", layer->digest().Hex(), " in fuse mode"));
   fs->fuse_ = std::move(*fuse);
+  // File handles are stateless only where the kernel opens without asking;
+  // elsewhere they point into the dead process.
+  if (!fs->no_open_ || !fs->no_opendir_) {
+    return Error(ENOTSUP, StrCat("take over layer ", layer->digest().Hex(),
+                                 " in fuse mode: this kernel asks to open files (no FUSE_NO_OPEN_SUPPORT), so their "
+                                 "handles did not survive"));
+  }
   return fs;
 }
 
