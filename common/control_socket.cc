@@ -55,21 +55,22 @@ Result<std::unique_ptr<ControlServer>> ControlServer::Start(UniqueFd listener, s
   return server;
 }
 
-void ControlServer::Drain() {
+void ControlServer::StopAccepting() {
   stopping_ = true;
   // Not shutdown(2): a listener handed over stays open for the next server.
   ssize_t w = ::write(wake_[1].get(), "x", 1);
   (void)w;
   if (acceptor_.joinable()) acceptor_.join();
+}
+
+void ControlServer::Drain() {
+  StopAccepting();
   std::unique_lock lock(mu_);
   idle_.wait(lock, [&] { return running_ == 0; });
 }
 
 ControlServer::~ControlServer() {
-  stopping_ = true;
-  ssize_t w = ::write(wake_[1].get(), "x", 1);
-  (void)w;
-  if (acceptor_.joinable()) acceptor_.join();
+  StopAccepting();
   std::unique_lock lock(mu_);
   // Callers still connected get their connection ended: a handler waiting
   // on one returns at once (a running mount still finishes).

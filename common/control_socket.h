@@ -62,6 +62,7 @@ class ControlServer {
 
  private:
   ControlServer() = default;
+  void StopAccepting();
   void AcceptLoop();
   void Answer(int conn);
 

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <sstream>
 
@@ -89,11 +90,12 @@ FuseInit InitFromMeta(const json& meta) {
 
 std::string TreeName(const Digest128& digest) { return "tree:" + digest.Hex(); }
 
-std::vector<std::string> FileNames(const std::string& dir) {
-  std::vector<std::string> names;
+// Removes the files of `dir` that `keep` does not want.
+void RemoveFilesBut(const std::string& dir, const std::function<bool(const std::string&)>& keep) {
   std::error_code ec;
-  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) names.push_back(e.path().filename().string());
-  return names;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    if (!keep(e.path().filename().string())) ::unlink(e.path().c_str());
+  }
 }
 }  // namespace
 
@@ -131,9 +133,7 @@ Status Daemon::Init() {
     // A daemon that died without a supervisor left mounts that only answer
     // errors now, and state nobody can take over.
     RemoveStaleMounts({});
-    for (const auto& name : FileNames(state_dir_ + "/state")) {
-      ::unlink((state_dir_ + "/state/" + name).c_str());
-    }
+    RemoveFilesBut(state_dir_ + "/state", [](const std::string&) { return false; });
     STRATA_ASSIGN_OR_RETURN(fs_, LayerFs::Mount(state_dir_ + "/fuse", !options_.erofs_directio));
     KeepFuse("fuse", fs_->fuse());
   }
@@ -359,15 +359,13 @@ Status Daemon::Restore(std::map<std::string, SupervisorLink::Kept>& kept) {
     std::erase_if(entry->holders, [&](const std::string& h) { return h.starts_with("mount:") && !binds_.count(h.substr(6)); });
   }
   RemoveStaleMounts(live);
-  // Records of layers not carried over.
-  for (const auto& name : FileNames(state_dir_ + "/state")) {
-    if (name == "journal") continue;
-    bool used = false;
-    for (const auto& [key, entry] : layers_) {
-      used = used || name == Basename(RecordPath(key)) || name == Basename(ManifestPath(key.first));
-    }
-    if (!used) ::unlink((state_dir_ + "/state/" + name).c_str());
+  // Records and manifests of layers not carried over.
+  std::set<std::string> used = {"journal"};
+  for (const auto& [key, entry] : layers_) {
+    used.insert(Basename(RecordPath(key)));
+    used.insert(Basename(ManifestPath(key.first)));
   }
+  RemoveFilesBut(state_dir_ + "/state", [&](const std::string& name) { return used.count(name) > 0; });
   return OkStatus();
 }
 
@@ -408,9 +406,7 @@ Daemon::~Daemon() {
   fs_.reset();
   if (!owns_state_) return;  // (no supervisor: a daemon that never started; the state is not its own)
   // Everything is unmounted: nothing to take over.
-  for (const auto& name : FileNames(state_dir_ + "/state")) {
-    ::unlink((state_dir_ + "/state/" + name).c_str());
-  }
+  RemoveFilesBut(state_dir_ + "/state", [](const std::string&) { return false; });
   if (link_) link_->Drop("fuse").IgnoreError();
 }
 

@@ -1,7 +1,9 @@
 // LayerRecord: what a served layer counts and records — its stats, the
 // extents read and the order they were first read in (the access list a
 // `--record` mount saves) — in memory that outlives the serving process: a
-// file in the daemon's state directory (on /run, a tmpfs), mapped shared.
+// file in the daemon's state directory (under /run), mapped shared: the
+// page cache holds it and writes it back like any file, never in the way
+// of a read.
 // A process that takes the layer over after a crash maps the same file and
 // goes on counting where the dead one stopped; every update is one atomic
 // store into the mapping, so nothing is lost at a kill -9 and the read path

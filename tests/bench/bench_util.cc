@@ -17,18 +17,6 @@
 
 namespace strata::bench {
 
-uint64_t MemAvailableKiB() {
-  ::sync();
-  std::ofstream("/proc/sys/vm/drop_caches") << "3\n";
-  std::ifstream in("/proc/meminfo");
-  std::string key, unit;
-  uint64_t value;
-  while (in >> key >> value >> unit) {
-    if (key == "MemAvailable:") return value;
-  }
-  return 0;
-}
-
 std::string SelfDir() {
   char buf[4096];
   ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);

@@ -1,6 +1,8 @@
 // Helpers for benchmark programs: timing and table printing.
 #pragma once
 
+#include "tests/testing/test_util.h"
+
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -39,9 +41,7 @@ class Table {
 
 std::string Fixed(double v, int digits);
 
-// MemAvailable of /proc/meminfo in KiB, after syncing and dropping the
-// page cache (so that a difference is what something holds).
-uint64_t MemAvailableKiB();
+using testing::MemAvailableKiB;  // (tests/testing/test_util.h)
 
 // The directory of this program (the build tree's tests/bench).
 std::string SelfDir();

@@ -54,14 +54,7 @@ class SoakTest : public DaemonFixture {
     s.subvolumes = UpperNames().size();
     auto procs = RunCommand({.argv = {"pgrep", "-c", "-f", dir_.Sub("run")}});
     s.processes = procs.ok() ? std::strtoul(procs->out.c_str(), nullptr, 10) : 0;
-    ::sync();
-    std::ofstream("/proc/sys/vm/drop_caches") << "3\n";
-    std::ifstream in("/proc/meminfo");
-    std::string key, unit;
-    uint64_t v;
-    while (in >> key >> v >> unit) {
-      if (key == "MemAvailable:") s.mem_available_kib = v;
-    }
+    s.mem_available_kib = testing::MemAvailableKiB();
     return s;
   }
 };

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <fstream>
 
 namespace strata::testing {
 
@@ -34,6 +35,18 @@ std::string TestBinaryDir() {
   if (n <= 0) return ".";
   buf[n] = '\0';
   return Dirname(buf);
+}
+
+uint64_t MemAvailableKiB() {
+  ::sync();
+  std::ofstream("/proc/sys/vm/drop_caches") << "3\n";
+  std::ifstream in("/proc/meminfo");
+  std::string key, unit;
+  uint64_t value;
+  while (in >> key >> value >> unit) {
+    if (key == "MemAvailable:") return value;
+  }
+  return 0;
 }
 
 }  // namespace strata::testing

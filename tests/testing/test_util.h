@@ -37,6 +37,10 @@ TempDir MakeTempDir();
 // Deterministic pseudo-random bytes.
 std::string RandomBytes(size_t n, uint64_t seed);
 
+// MemAvailable of /proc/meminfo in KiB, after syncing and dropping the
+// page cache (so that a difference is what something holds).
+uint64_t MemAvailableKiB();
+
 // Directory of the running test binary (helpers are built beside it).
 std::string TestBinaryDir();
 
