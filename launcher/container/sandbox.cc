@@ -248,8 +248,10 @@ Status Sandbox::Start(const SandboxSpec& spec) {
   // is lost, and releasing what it does not hold is fine.
   for (const auto& layer : stack_) held_.push_back(layer.digest);
   auto acquired = lazyfs.Call("acquire", acquire);
-  if (!acquired.ok() && (acquired.status().code() == ECONNREFUSED || acquired.status().code() == ENOENT) &&
-      !lazyfs.Alive()) {
+  // No daemon: start one, or share the one another caller is starting
+  // (EnsureDaemon returns at once when it answers by now: one that came up
+  // between the call and here must not fail this create).
+  if (!acquired.ok() && (acquired.status().code() == ECONNREFUSED || acquired.status().code() == ENOENT)) {
     STRATA_RETURN_IF_ERROR(lazyfs::EnsureDaemon({node_.lazyfs_socket, node_.cache_dir, ""}));
     acquired = lazyfs.Call("acquire", acquire);
   }
