@@ -148,6 +148,7 @@ struct Transfer {
   size_t upload_pos = 0;
   uint64_t skipped = 0;
   bool overflow = false;  // the body was longer than `out`; the transfer was cut
+  bool headed = false;    // on_headers was called
 
   bool Success() const { return response->status >= 200 && response->status < 300; }
 
@@ -177,6 +178,15 @@ struct Transfer {
 
   // Returns false to cut the transfer.
   bool OnBody(const char* data, size_t n) {
+    if (request->cancel && request->cancel->load()) return false;
+    if (request->on_headers) {
+      if (!headed) {
+        headed = true;
+        if (!request->on_headers(*response)) return false;
+      }
+      response->out_bytes += n;
+      return !request->sink || request->sink(std::string_view(data, n));
+    }
     if (!Success()) {
       size_t keep = std::min(n, kErrorBodyCap - std::min(kErrorBodyCap, response->body.size()));
       response->body.append(data, keep);
@@ -208,6 +218,11 @@ struct Transfer {
   }
 
   size_t OnUpload(char* buf, size_t n) {
+    if (request->source) {
+      if (request->cancel && request->cancel->load()) return CURL_READFUNC_ABORT;
+      const size_t got = request->source(buf, n);
+      return got == HttpRequest::kAbortSource ? size_t{CURL_READFUNC_ABORT} : got;
+    }
     std::string_view body = request->body;
     size_t copy = std::min(n, body.size() - upload_pos);
     std::memcpy(buf, body.data() + upload_pos, copy);
@@ -232,6 +247,11 @@ extern "C" size_t WriteCallback(char* data, size_t size, size_t nmemb, void* use
 extern "C" size_t ReadCallback(char* buf, size_t size, size_t nmemb, void* user) {
   return Guarded("read", size_t{CURL_READFUNC_ABORT},
                  [&] { return static_cast<Transfer*>(user)->OnUpload(buf, size * nmemb); });
+}
+
+extern "C" int ProgressCallback(void* user, curl_off_t, curl_off_t, curl_off_t, curl_off_t) {
+  const auto* t = static_cast<Transfer*>(user);
+  return t->request->cancel && t->request->cancel->load() ? 1 : 0;
 }
 
 extern "C" int SeekCallback(void* user, curl_off_t offset, int origin) {
@@ -559,8 +579,23 @@ Result<HttpResponse> HttpClient::Perform(const HttpRequest& request, std::string
     Curl().easy_setopt(c, CURLOPT_WRITEFUNCTION, &WriteCallback);
     Curl().easy_setopt(c, CURLOPT_WRITEDATA, &transfer);
     if (headers) Curl().easy_setopt(c, CURLOPT_HTTPHEADER, headers.get());
+    if (request.cancel) {
+      Curl().easy_setopt(c, CURLOPT_NOPROGRESS, 0L);
+      Curl().easy_setopt(c, CURLOPT_XFERINFOFUNCTION, &ProgressCallback);
+      Curl().easy_setopt(c, CURLOPT_XFERINFODATA, &transfer);
+    }
     if (request.method == "HEAD") {
       Curl().easy_setopt(c, CURLOPT_NOBODY, 1L);
+    } else if (request.source && (request.method == "PUT" || request.method == "POST")) {
+      if (request.method == "PUT") {
+        Curl().easy_setopt(c, CURLOPT_UPLOAD, 1L);
+        Curl().easy_setopt(c, CURLOPT_INFILESIZE_LARGE, static_cast<curl_off_t>(request.source_size));
+      } else {
+        Curl().easy_setopt(c, CURLOPT_POST, 1L);
+        Curl().easy_setopt(c, CURLOPT_POSTFIELDSIZE_LARGE, static_cast<curl_off_t>(request.source_size));
+      }
+      Curl().easy_setopt(c, CURLOPT_READFUNCTION, &ReadCallback);
+      Curl().easy_setopt(c, CURLOPT_READDATA, &transfer);
     } else if (request.method == "PUT") {
       Curl().easy_setopt(c, CURLOPT_UPLOAD, 1L);
       Curl().easy_setopt(c, CURLOPT_READFUNCTION, &ReadCallback);

@@ -3,6 +3,8 @@
 // connections are reused), and the timeout, retry and deadline policy.
 #pragma once
 
+#include <atomic>
+
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -95,6 +97,21 @@ struct HttpRequest {
   // Every answer, 5xx too, is returned as it is (never retried): for APIs
   // whose error bodies say what went wrong.
   bool any_status = false;
+  // A relay of the answer as it comes (a proxy): called once with the
+  // final status and headers before the first body byte; then the body of
+  // any status goes to `sink`. Returning false cuts the transfer. Use with
+  // attempts = 1.
+  std::function<bool(const struct HttpResponse& head)> on_headers;
+  // With POST or PUT: the body is read from this as it is sent (chunked
+  // when `source_size` is -1) instead of from `body`. It fills up to `n`
+  // bytes and returns how many, 0 at the end, or kAbortSource to cut the
+  // transfer; it may block. Use with attempts = 1.
+  static constexpr size_t kAbortSource = 0x10000000;
+  std::function<size_t(char* buf, size_t n)> source;
+  int64_t source_size = -1;
+  // When set, the transfer is cut soon (within about a second) after it
+  // turns true, even while the server sends nothing.
+  const std::atomic<bool>* cancel = nullptr;
 };
 
 struct HttpResponse {

@@ -22,6 +22,9 @@
 #include "launcher/api/server.h"
 #include "launcher/node_cgroup.h"
 #include "launcher/api/tenants.h"
+#include "launcher/cluster/admin.h"
+#include "launcher/cluster/gateway.h"
+#include "launcher/node_claims.h"
 #include "common/crypto.h"
 
 namespace {
@@ -167,6 +170,10 @@ int Serve(const ServeOptions& options, const NodeConfig& node) {
   if (options.memory_capacity > 0) {
     if (Status capped = LimitSandboxMemory(node.cgroup_parent, options.memory_capacity); !capped.ok()) return Fail(capped);
   }
+  // Before anything is touched: another daemon of this host given one of
+  // our settings by mistake would have its sandboxes removed by our recovery.
+  auto claims = ClaimDaemonSettings(node, options.state_dir, options.socket_path);
+  if (!claims.ok()) return Fail(claims.status().Annotate("serve"));
   SweepStaleSandboxes(node).IgnoreError();
   auto manager = SandboxManager::Open(node, options.state_dir);
   if (!manager.ok()) return Fail(manager.status());
@@ -191,6 +198,40 @@ int Serve(const ServeOptions& options, const NodeConfig& node) {
   std::fprintf(stderr, "launcher: signal %d: stopping (sandboxes keep running; a restart re-adopts them)\n", sig);
   server->reset();
   return 0;
+}
+
+int RunGateway(GatewayOptions options) {
+  sigset_t signals;
+  sigemptyset(&signals);
+  for (int s : {SIGINT, SIGTERM, SIGHUP}) sigaddset(&signals, s);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  ::signal(SIGPIPE, SIG_IGN);
+  std::vector<std::string> warnings;
+  auto gateway = Gateway::Start(std::move(options), &warnings);
+  if (!gateway.ok()) return Fail(gateway.status());
+  for (const auto& w : warnings) std::fprintf(stderr, "launcher: WARNING: %s\n", w.c_str());
+  for (const auto& url : (*gateway)->urls()) std::fprintf(stderr, "launcher: gateway serving on %s\n", url.c_str());
+  int sig = 0;
+  while (true) {
+    sigwait(&signals, &sig);
+    if (sig != SIGHUP) break;
+    Status s = (*gateway)->ReloadTokens();
+    std::fprintf(stderr, "launcher: SIGHUP: %s\n", s.ok() ? "tokens reread" : s.ToString().c_str());
+  }
+  std::fprintf(stderr, "launcher: signal %d: gateway stopping\n", sig);
+  gateway->reset();
+  return 0;
+}
+
+// "K=V" flags into a map.
+Result<std::map<std::string, std::string>> ParseLabels(const std::vector<std::string>& flags, const char* flag) {
+  std::map<std::string, std::string> labels;
+  for (const auto& f : flags) {
+    const size_t eq = f.find('=');
+    if (eq == std::string::npos || eq == 0) return Error(EINVAL, StrCat(flag, " ", Quote(f), ": expected KEY=VALUE"));
+    labels[f.substr(0, eq)] = f.substr(eq + 1);
+  }
+  return labels;
 }
 
 // "ID:/path" -> (id, path); a plain path -> ("", path).
@@ -301,6 +342,43 @@ int main(int argc, char** argv) {
   serve->add_option("--dns-upstream", dns_upstream, "resolver for sandboxes' admitted names, ADDR[:PORT] (default: /etc/resolv.conf's)");
   serve->add_option("--dns-grace", dns_grace, "seconds a resolved address stays admitted past its TTL")->capture_default_str();
   serve->add_option("--allow-private", allow_private, "a private range (CIDR) sandbox networks may reach (repeatable)");
+  std::vector<std::string> labels;
+  serve->add_option("--node", node.name, "this node's name in a cluster (1-20 of a-z 0-9 -); sandbox ids carry it");
+  serve->add_option("--cluster", serve_options.cluster.endpoints, "register in this etcd cluster: URL[,URL...]");
+  serve->add_option("--etcd-ca", serve_options.cluster.etcd_ca, "PEM of the CAs of https etcd endpoints");
+  serve->add_option("--label", labels, "K=V the gateways place by (repeatable), e.g. pool=main");
+  serve->add_option("--advertise", serve_options.cluster.advertise, "the API URL gateways use (default: the first --listen's)");
+  serve->add_option("--lease", serve_options.cluster.lease_seconds, "seconds before a silent node is lost (2-10)")->capture_default_str();
+
+  GatewayOptions gateway_options;
+  std::string overflow = "pool=cloud", create_deadline = "30s";
+  auto* gateway = app.add_subcommand("gateway", "run a cluster gateway (the node API for every node in etcd) in the foreground");
+  gateway->add_option("--cluster", gateway_options.cluster, "etcd: URL[,URL...]")->required();
+  gateway->add_option("--etcd-ca", gateway_options.etcd_ca, "PEM of the CAs of https etcd endpoints");
+  gateway->add_option("--listen", gateway_options.listen, "serve on TCP HOST:PORT (repeatable)")->required();
+  gateway->add_option("--tls-cert", gateway_options.tls_cert_file, "PEM certificate (chain)");
+  gateway->add_option("--tls-key", gateway_options.tls_key_file, "PEM private key");
+  gateway->add_option("--tokens", gateway_options.tokens_file, "tenants and their token hashes (the nodes' tokens file)");
+  gateway->add_flag("--insecure", gateway_options.insecure, "allow no tokens (every caller is the operator) or plain TCP off loopback");
+  gateway->add_option("--node-token", gateway_options.node_token_file, "file holding this gateway's credential on the nodes")->required();
+  gateway->add_option("--node-ca", gateway_options.node_ca_file, "PEM of the CAs of the nodes' certificates");
+  gateway->add_option("--overflow", overflow, "K=V of the overflow pool's nodes")->capture_default_str();
+  gateway->add_option("--overflow-threshold", gateway_options.policy.overflow_threshold,
+                      "main-pool utilisation above which the overflow pool gets work")->capture_default_str();
+  gateway->add_option("--sample", gateway_options.policy.sample, "nodes compared per placement")->capture_default_str();
+  gateway->add_option("--create-deadline", create_deadline, "how long a create tries nodes")->capture_default_str();
+
+  std::string cluster_url = env_or("STRATA_CLUSTER", ""), drain_timeout = "10m", node_name;
+  auto* cordon = app.add_subcommand("cordon", "give a cluster node no new sandboxes");
+  auto* uncordon = app.add_subcommand("uncordon", "let a cordoned node take sandboxes again");
+  auto* drain = app.add_subcommand("drain", "cordon a node and wait until its sandboxes are gone");
+  auto* nodes = app.add_subcommand("nodes", "list the cluster's nodes with their load");
+  for (auto* c : {cordon, uncordon, drain, nodes}) {
+    c->add_option("--cluster", cluster_url, "etcd: URL[,URL...] (default: $STRATA_CLUSTER)");
+    if (c != nodes) c->add_option("NODE", node_name, "node name")->required();
+  }
+  drain->add_option("--timeout", drain_timeout, "give up after this long (the node stays cordoned)")->capture_default_str();
+  nodes->add_flag("--json", as_json, "print JSON");
 
   auto* token_cmd = app.add_subcommand("token", "add or revoke a tenant's API token in a tokens file");
   token_cmd->require_subcommand(1);
@@ -316,6 +394,7 @@ int main(int argc, char** argv) {
   token_new->add_option("--publish", new_tenant.limits.publish,
                         "a tag name pattern it may publish snapshots under (repeatable; default none)");
   token_new->add_flag("--net-host", new_tenant.limits.net_host, "may ask for the host's network");
+  token_new->add_flag("--gateway", new_tenant.limits.gateway, "a cluster gateway's credential (it names the tenant it calls for)");
   auto* token_revoke = token_cmd->add_subcommand("revoke", "remove a tenant (takes effect on the daemon's SIGHUP)");
   token_revoke->add_option("NAME", tenant_name, "tenant name")->required();
   token_revoke->add_option("--tokens", tokens_path, "tokens file")->required();
@@ -429,7 +508,49 @@ int main(int argc, char** argv) {
     if (fix) SweepStaleSandboxes(node).IgnoreError();
     return all_ok ? 0 : 1;
   }
+  auto done = [](const Status& s) { return s.ok() ? 0 : Fail(s); };
+  if (cordon->parsed() || uncordon->parsed() || drain->parsed() || nodes->parsed()) {
+    if (cluster_url.empty()) return Fail(Error(EINVAL, "--cluster URL (or $STRATA_CLUSTER) is required"));
+    if (cordon->parsed()) return done(Cordon(cluster_url, node_name, "launcher cordon"));
+    if (uncordon->parsed()) return done(Uncordon(cluster_url, node_name));
+    if (drain->parsed()) {
+      auto t = ParseDuration(drain_timeout);
+      if (!t.ok()) return Fail(t.status().Annotate("--timeout"));
+      return done(Drain(cluster_url, node_name, *t, [&](int64_t n) { std::fprintf(stderr, "drain %s: %lld sandboxes left\n", node_name.c_str(), static_cast<long long>(n)); }));
+    }
+    auto list = ListNodes(cluster_url);
+    if (!list.ok()) return Fail(list.status());
+    if (as_json) {
+      std::printf("%s\n", list->dump(2).c_str());
+      return 0;
+    }
+    std::printf("%-20s %-6s %-9s %-10s %-10s %s\n", "NODE", "LIVE", "CORDONED", "SANDBOXES", "SLOTS", "URL");
+    for (const auto& n : *list) {
+      const auto load = n.value("load", nlohmann::json::object());
+      const auto capacity = n.value("capacity", nlohmann::json::object());
+      std::printf("%-20s %-6s %-9s %-10lld %-10lld %s\n", n.value("name", "").c_str(), n.value("live", false) ? "yes" : "no",
+                  n.value("cordoned", false) ? "yes" : "no", static_cast<long long>(load.value("sandboxes", int64_t{0})),
+                  static_cast<long long>(capacity.value("slots", int64_t{0})), n.value("url", "").c_str());
+    }
+    return 0;
+  }
+  if (gateway->parsed()) {
+    auto d = ParseDuration(create_deadline);
+    if (!d.ok()) return Fail(d.status().Annotate("--create-deadline"));
+    gateway_options.create_deadline = *d;
+    const size_t eq = overflow.find('=');
+    if (eq == std::string::npos || eq == 0) return Fail(Error(EINVAL, "--overflow " + Quote(overflow) + ": expected KEY=VALUE"));
+    gateway_options.policy.overflow_key = overflow.substr(0, eq);
+    gateway_options.policy.overflow_value = overflow.substr(eq + 1);
+    return RunGateway(std::move(gateway_options));
+  }
   if (serve->parsed()) {
+    if (!node.name.empty()) {
+      if (Status s = CheckNodeName(node.name); !s.ok()) return Fail(s.Annotate("--node"));
+    }
+    auto parsed_labels = ParseLabels(labels, "--label");
+    if (!parsed_labels.ok()) return Fail(parsed_labels.status());
+    serve_options.cluster.labels = std::move(*parsed_labels);
     auto parse = [](const std::string& text, const char* flag, auto* out, auto convert) -> Status {
       if (text.empty()) return OkStatus();
       auto v = convert(text);
@@ -559,7 +680,6 @@ int main(int argc, char** argv) {
     Status s = client.Put(dst_id, dst_path, *data, st.st_mode & 07777);
     return s.ok() ? 0 : Fail(s);
   }
-  auto done = [](const Status& s) { return s.ok() ? 0 : Fail(s); };
   if (net_cmd->parsed()) {
     const bool change = !net_mode.empty() || !allow.empty();
     auto policy = change ? NetPolicy::FromFlags(net_mode, allow) : Result<NetPolicy>(NetPolicy{});

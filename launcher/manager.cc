@@ -345,56 +345,26 @@ Status SandboxManager::Recover() {
     STRATA_RETURN_IF_ERROR(Forget(id));
     ++recovery_.removed;
   }
-  // What the sandboxes kept are called on the node (run directories,
-  // upper volumes).
-  std::set<std::string> known;
-  for (auto& [id, e] : sandboxes_) known.insert(e->sandbox ? e->sandbox->id() : id);
-  for (auto& [key, p] : pools_) known.insert(p->warm->id());
-  for (auto& [key, p] : warm_) {
-    for (auto& sb : p->ready) known.insert(sb->id());
-  }
-  // Sandbox directories of this daemon's sandboxes that the registry does not
-  // know (a crash between making them and recording them).
-  if (DIR* dir = ::opendir(node_.run_dir.c_str())) {
-    std::vector<std::string> orphans;
-    while (dirent* e = ::readdir(dir)) {
-      std::string name = e->d_name;
-      if (name.starts_with("sb-") && !known.count(name)) orphans.push_back(name);
-    }
-    ::closedir(dir);
-    for (const auto& id : orphans) {
-      auto text = ReadFileToString(JoinPath(node_.run_dir, id) + "/state.json");
-      json state = text.ok() ? json::parse(*text, nullptr, false) : json();
-      if (!state.is_object() || !state.value("managed", false)) continue;  // a one-shot launcher's
-      KillRuntimeStragglers(JoinPath(node_.run_dir, id));
-      if (auto sandbox = Sandbox::Adopt(id, node_); sandbox.ok()) {
-        STRATA_LOG(kWarn) << "removing unrecorded sandbox " << id;
-        (*sandbox)->Destroy().IgnoreError();
-        ++recovery_.removed;
-      }
-    }
-  }
   // Network namespaces, veths and rules of sandboxes that are gone.
   if (node_.network) {
     Status s = node_.network->Reconcile();
     if (!s.ok()) STRATA_LOG(kWarn) << "remove leftover sandbox networks: " << s.ToString();
   }
-  // Snapshots a daemon was packing when it died.
+  // Snapshots a daemon was packing when it died, of this registry's
+  // sandboxes only ("<id>-<ms>"): another daemon may share the uppers'
+  // filesystem, and recovery touches only what its own registry recorded
+  // (every sandbox is recorded before anything of it exists).
   if (auto uppers = UpperStore::Open(node_.uppers); uppers.ok()) {
-    Status s = uppers->RemoveSnapshots();
-    if (!s.ok()) STRATA_LOG(kWarn) << "remove leftover snapshots: " << s.ToString();
-  }
-  // Upper volumes nobody owns any more (a reboot empties /run, so a volume
-  // without its sandbox directory belongs to a sandbox that is gone).
-  if (auto uppers = UpperStore::Open(node_.uppers); uppers.ok()) {
-    for (const auto& name : uppers->List().value_or({})) {
-      if (!name.starts_with("sb-") || known.count(name)) continue;
-      if (::access(JoinPath(node_.run_dir, name).c_str(), F_OK) == 0) continue;
-      if (auto v = uppers->Adopt(name); v.ok()) {
-        STRATA_LOG(kWarn) << "removing upper volume " << name << " of a sandbox that is gone";
-        v->Destroy().IgnoreError();
-      }
+    std::set<std::string> recorded;
+    for (const auto& [id, record] : records) {
+      recorded.insert(id);
+      if (record.is_object()) recorded.insert(record.value("internal", id));
     }
+    Status s = uppers->RemoveSnapshots([&](std::string_view name) {
+      const size_t dash = name.rfind('-');
+      return dash != std::string_view::npos && recorded.count(std::string(name.substr(0, dash))) > 0;
+    });
+    if (!s.ok()) STRATA_LOG(kWarn) << "remove leftover snapshots: " << s.ToString();
   }
   return OkStatus();
 }
@@ -425,7 +395,7 @@ Result<json> SandboxManager::CreateCall(SandboxSpec spec, const std::string& own
     // A new warm sandbox for this stack (two first creations may race: the
     // loser's goes again).
     SandboxSpec warm_spec = spec;
-    warm_spec.id = NewSandboxId();
+    warm_spec.id = NewSandboxId(node_.name);
     warm_spec.env.clear();
     warm_spec.workdir = "/";
     STRATA_RETURN_IF_ERROR(Record(warm_spec.id, {{"status", "creating"}, {"kind", "pool"}, {"key", key}}));
@@ -460,7 +430,7 @@ Result<json> SandboxManager::CreateCall(SandboxSpec spec, const std::string& own
     }
   }
   auto entry = std::make_shared<Entry>();
-  entry->id = spec.id.empty() ? NewSandboxId() : spec.id;
+  entry->id = spec.id.empty() ? NewSandboxId(node_.name) : spec.id;
   entry->created = static_cast<int64_t>(::time(nullptr));
   entry->pool = pool;
   entry->spec = spec;
@@ -486,7 +456,7 @@ Result<json> SandboxManager::CreateCall(SandboxSpec spec, const std::string& own
 Result<json> SandboxManager::Create(SandboxSpec spec, const std::string& owner) {
   if (!spec.id.empty() && Exists(spec.id)) return Error(EEXIST, StrCat("sandbox ", spec.id, " exists"));
   if (spec.backend == "fncall") return CreateCall(std::move(spec), owner);
-  if (spec.id.empty()) spec.id = NewSandboxId();
+  if (spec.id.empty()) spec.id = NewSandboxId(node_.name);
   STRATA_ASSIGN_OR_RETURN(auto taken, TakeWarm(spec, owner));
   if (taken) return std::move(*taken);
   const std::string id = spec.id;
@@ -726,7 +696,7 @@ void SandboxManager::FillWarm() {
     ++pool->filling;
     SandboxSpec spec = pool->spec;
     lock.unlock();
-    spec.id = NewSandboxId();
+    spec.id = NewSandboxId(node_.name);
     Status s = Record(spec.id, {{"status", "creating"}, {"kind", "warm"}, {"pool", pool->name}});
     std::shared_ptr<Sandbox> made;
     if (s.ok()) {
@@ -1102,6 +1072,16 @@ uint64_t SandboxManager::CommittedMemory() {
   std::lock_guard lock(warm_mu_);
   for (auto& [key, p] : warm_) sum += (p->ready.size() + static_cast<size_t>(p->filling)) * MemoryCommit(p->spec);
   return sum;
+}
+
+std::map<std::string, int64_t> SandboxManager::StateCounts() {
+  std::map<std::string, int64_t> counts;
+  std::lock_guard lock(mu_);
+  for (auto& [id, e] : sandboxes_) {
+    // (a sandbox's own paused flag: read without its entry's lock, as a count may be)
+    ++counts[e->sandbox && e->sandbox->paused() ? "paused" : "running"];
+  }
+  return counts;
 }
 
 size_t SandboxManager::CountOwned(const std::string& owner) {

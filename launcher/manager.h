@@ -80,6 +80,8 @@ class SandboxManager {
   // Every sandbox, or only those of `owner` when it is set.
   nlohmann::json List(const std::optional<std::string>& owner = std::nullopt);
   size_t Count();
+  // Sandboxes by state ("running", "paused"), for the cluster's view.
+  std::map<std::string, int64_t> StateCounts();
   // The memory limits (each with the agent's reserve) of every container
   // sandbox, warm pools' ready ones and function-call pools included.
   uint64_t CommittedMemory();

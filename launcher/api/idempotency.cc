@@ -74,6 +74,17 @@ Result<IdempotencyKeys::Claim> IdempotencyKeys::Begin(const std::string& scope, 
   return claim;
 }
 
+Result<bool> IdempotencyKeys::Known(const std::string& scope, const std::string& key) {
+  const std::string k = DbKey(scope, key);
+  std::lock_guard lock(mu_);
+  if (held_.count(k)) return true;
+  STRATA_ASSIGN_OR_RETURN(LmdbTxn txn, LmdbTxn::Begin(env_, true));
+  auto existing = txn.Get(db_, k);
+  if (existing.ok()) return true;
+  if (existing.status().code() == ENOENT) return false;
+  return existing.status().Annotate("idempotency key " + Quote(key));
+}
+
 Status IdempotencyKeys::Finish(const std::string& scope, const std::string& key, const Answer& answer) {
   const std::string k = DbKey(scope, key);
   Status s;

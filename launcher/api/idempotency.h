@@ -63,6 +63,9 @@ class IdempotencyKeys {
   // Forgets the key (the work did not happen or was abandoned): a retry
   // does it again.
   void Release(const std::string& scope, const std::string& key);
+  // Whether `key` was claimed in `scope` and not released: its work runs
+  // (here or in a daemon that died) or its answer is kept.
+  Result<bool> Known(const std::string& scope, const std::string& key);
   // Deletes keys whose call ended more than the window ago.
   void Expire();
 

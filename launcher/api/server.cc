@@ -421,10 +421,50 @@ Result<std::unique_ptr<LauncherServer>> LauncherServer::Start(const ServeOptions
                                                              .limits = options.tcp_limits, .handler = handler, .upload = upload}));
     s->tcp_.push_back(std::move(server));
   }
+  if (!options.cluster.endpoints.empty()) STRATA_RETURN_IF_ERROR(s->Register());
   return s;
 }
 
+Status LauncherServer::Register() {
+  const ServeOptions::Cluster& c = options_.cluster;
+  NodeRecord node;
+  node.name = manager_.node().name;
+  if (node.name.empty()) return Error(EINVAL, "serve: --cluster needs --node NAME (sandbox ids carry it)");
+  node.url = c.advertise;
+  if (node.url.empty()) {
+    if (tcp_.empty()) return Error(EINVAL, "serve: --cluster needs --listen HOST:PORT (gateways reach nodes over TCP) or --advertise URL");
+    node.url = tcp_.front()->url();
+  }
+  node.labels = c.labels;
+  node.backends = {"container", "fncall"};
+  node.accelerator = "none";
+  node.slots = options_.max_sandboxes;
+  node.cpus = static_cast<int64_t>(std::thread::hardware_concurrency());
+  node.memory = options_.memory_capacity;
+  if (node.memory == 0) {
+    std::ifstream in("/proc/meminfo");
+    std::string key, unit;
+    uint64_t kb = 0;
+    if (in >> key >> kb >> unit && key == "MemTotal:") node.memory = kb * 1024;
+  }
+  struct statvfs vfs{};
+  if (::statvfs(manager_.node().uppers.c_str(), &vfs) == 0) node.disk = static_cast<uint64_t>(vfs.f_blocks) * vfs.f_frsize;
+  Registrar::Options o{.endpoints = c.endpoints, .ca_file = c.etcd_ca, .lease_seconds = c.lease_seconds};
+  auto report = [this](NodeRecord* r) {
+    const json health = NodeHealth();
+    r->sandboxes = health.value("sandboxes", int64_t{0});
+    r->accepting = health.value("accepting", true);
+    r->headroom = health["headroom"];
+    r->memory_available = r->headroom.value("memory_available", uint64_t{0});
+    r->disk_available = r->headroom.value("disk_available", uint64_t{0});
+    r->states = manager_.StateCounts();
+  };
+  STRATA_ASSIGN_OR_RETURN(registrar_, Registrar::Start(o, std::move(node), report));
+  return OkStatus();
+}
+
 LauncherServer::~LauncherServer() {
+  registrar_.reset();  // (the node leaves the cluster before it stops answering)
   manager_.SetWarmAdmission(nullptr);  // (it asks this server)
   // Listeners first: no handler runs once they are gone.
   tcp_.clear();
@@ -453,6 +493,9 @@ Result<LauncherServer::Caller> LauncherServer::Authenticate(const Request& req) 
     return caller;
   }
   if (!req.unix_peer && !have_tenants_ && options_.insecure) {  // a TCP listener without tokens
+    if (req.headers.count(kTenantHeader)) {
+      return Error(EPERM, "launcher: this node has no tokens (--insecure), so it cannot act for a tenant a gateway names");
+    }
     caller.is_operator = true;
     return caller;
   }
@@ -462,6 +505,23 @@ Result<LauncherServer::Caller> LauncherServer::Authenticate(const Request& req) 
   }
   caller.tenant = tenants_.Authenticate(std::string_view(it->second).substr(7));
   if (!caller.tenant) return Error(EKEYREJECTED, "launcher: unknown or revoked token");
+  // Only a gateway's credential may say whom it calls for; a tenant that
+  // names another tenant is refused rather than ignored.
+  auto named = req.headers.find(kTenantHeader);
+  if (caller.tenant->limits.gateway) {
+    if (named == req.headers.end() || named->second.empty()) {  // an operator's call, passed on
+      caller.tenant = nullptr;
+      caller.is_operator = true;
+      return caller;
+    }
+    auto tenant = tenants_.Find(named->second);
+    if (!tenant || tenant->limits.gateway) {
+      return Error(EKEYREJECTED, "launcher: the gateway's call names tenant " + Quote(named->second) + ", which this node does not know");
+    }
+    caller.tenant = std::move(tenant);
+  } else if (named != req.headers.end() && named->second != caller.tenant->name) {
+    return Error(EPERM, "launcher: only a gateway's credential may name a tenant (X-Strata-Tenant)");
+  }
   return caller;
 }
 
@@ -557,6 +617,12 @@ LauncherServer::Headroom LauncherServer::NodeHeadroom() const {
 }
 
 json LauncherServer::Health() {
+  json health = NodeHealth();
+  if (registrar_) health["cluster"] = registrar_->Status();
+  return health;
+}
+
+json LauncherServer::NodeHealth() {
   json headroom = json::object();
   const size_t count = manager_.Count();
   headroom["slots"] = options_.max_sandboxes > 0 ? json(std::max<int64_t>(0, options_.max_sandboxes - static_cast<int64_t>(count))) : json(nullptr);
@@ -576,7 +642,9 @@ json LauncherServer::Health() {
                          (options_.memory_capacity == 0 || committed < options_.memory_capacity) &&
                          (options_.disk_reserve == 0 || room.disk_available >= options_.disk_reserve) &&
                          (!room.inodes_known || room.inodes_available >= kInodeReserve) && room.pids_available >= kPidReserve;
-  return {{"ok", true}, {"pid", ::getpid()}, {"sandboxes", count}, {"accepting", accepting}, {"headroom", headroom}};
+  json health = {{"ok", true}, {"pid", ::getpid()}, {"sandboxes", count}, {"accepting", accepting}, {"headroom", headroom}};
+  if (!manager_.node().name.empty()) health["node"] = manager_.node().name;
+  return health;
 }
 
 Response LauncherServer::Handle(const Request& req) {
@@ -623,6 +691,18 @@ Response LauncherServer::Route(const Request& req, const Caller& caller) {
       auto info = manager_.SetWarmPool(std::move(*spec), body["size"].get<int>());
       return info.ok() ? Json(*info) : Fail(info.status());
     }
+  }
+  if (req.path == "/v1/keys" && req.method == "GET") {
+    // Whether a call with this Idempotency-Key was made here (its work runs
+    // or its answer is kept): a gateway asks the nodes before it places a
+    // retried create, so the retry lands where the first attempt went.
+    auto key = req.query.find("key");
+    if (key == req.query.end()) return Fail(Error(EINVAL, "keys: ?key= is required"));
+    if (Status s = IdempotencyKeys::CheckKey(key->second); !s.ok()) return Fail(s);
+    auto known = manager_.keys().Known(caller.scope(), key->second);
+    if (!known.ok()) return Fail(known.status());
+    if (!*known) return Fail(Error(ENOENT, "Idempotency-Key " + Quote(key->second) + " is not known here"));
+    return Json({{"known", true}});
   }
   if (req.path == "/v1/sandboxes") {
     if (req.method == "GET") return Json(manager_.List(caller.is_operator ? std::nullopt : std::optional(caller.scope())));
@@ -733,7 +813,7 @@ Response LauncherServer::Create(const Request& req, const json& body, const Call
   if (spec->store.empty() && !options_.stores.empty()) spec->store = options_.stores[0];
 
   std::vector<std::string> ids(static_cast<size_t>(count));
-  for (auto& id : ids) id = NewSandboxId();
+  for (auto& id : ids) id = NewSandboxId(manager_.node().name);
   KeyGuard guard;
   KeyClaim claim;
   if (auto reply = ClaimKey(manager_.keys(), req, caller.scope(), body, {{"ids", ids}}, guard, &claim)) return *reply;

@@ -13,8 +13,13 @@
 #include "common/http_server.h"
 #include "launcher/manager.h"
 #include "launcher/api/tenants.h"
+#include "launcher/cluster/membership.h"
 
 namespace strata::launcher {
+
+// The header a gateway's call names its caller's tenant in (lowercase, as
+// HttpServer gives request headers).
+inline constexpr const char* kTenantHeader = "x-strata-tenant";
 
 struct ServeOptions {
   std::string socket_path = kDefaultLauncherSocket;
@@ -47,6 +52,15 @@ struct ServeOptions {
   uint64_t disk_reserve = 0;
   // Caps of every TCP listener (the unix socket keeps only the size caps).
   HttpServer::Limits tcp_limits;
+  // Cluster membership (`--cluster`): the node registers itself in etcd
+  // under its name (NodeConfig::name) while it serves. docs/cluster.md.
+  struct Cluster {
+    std::string endpoints;  // etcd, comma-separated; empty: no cluster
+    std::string etcd_ca;
+    std::string advertise;  // the API URL gateways use; empty: the first --listen's
+    std::map<std::string, std::string> labels;
+    int64_t lease_seconds = 5;
+  } cluster;
 };
 
 class LauncherServer {
@@ -62,6 +76,8 @@ class LauncherServer {
   Status ReloadTokens();
   // Where it listens: "unix:///run/strata/launcher.sock", "https://127.0.0.1:8443".
   std::vector<std::string> urls() const;
+  // GET /v1/health's answer: admission headroom, and cluster registration.
+  nlohmann::json Health();
 
   // Who is calling.
   struct Caller {
@@ -91,7 +107,8 @@ class LauncherServer {
   HttpServer::Response Destroy(const HttpServer::Request& request, const std::string& id, const Caller& caller);
   HttpServer::Response Snapshot(const HttpServer::Request& request, const std::string& id, const nlohmann::json& body,
                                 const Caller& caller);
-  nlohmann::json Health();
+  Status Register();
+  nlohmann::json NodeHealth();  // Health() without the registration (the registrar's report)
 
   // Node and tenant admission for one creation: reserves a slot, or says
   // why not (EAGAIN: the node; EDQUOT: the tenant's limits).
@@ -116,6 +133,7 @@ class LauncherServer {
   int64_t creating_ = 0;  // admitted creations under way
   uint64_t creating_memory_ = 0;  // and what they commit
   std::map<std::string, int64_t> creating_by_tenant_;
+  std::unique_ptr<Registrar> registrar_;
   std::unique_ptr<HttpServer> unix_;
   std::vector<std::unique_ptr<HttpServer>> tcp_;
 };

@@ -118,9 +118,12 @@ Result<Tenant> ParseTenantLine(std::string_view line) {
     } else if (key == "net_host") {
       if (value != "yes" && value != "no") return Error(EINVAL, "tenant " + t.name + ": net_host must be yes or no");
       t.limits.net_host = value == "yes";
+    } else if (key == "gateway") {
+      if (value != "yes" && value != "no") return Error(EINVAL, "tenant " + t.name + ": gateway must be yes or no");
+      t.limits.gateway = value == "yes";
     } else {
       return Error(EINVAL, "tenant " + t.name + ": unknown limit " + Quote(key) +
-                               " (max_sandboxes, creates_per_s, stores, layers, publish, net_host)");
+                               " (max_sandboxes, creates_per_s, stores, layers, publish, net_host, gateway)");
     }
   }
   return t;
@@ -138,6 +141,7 @@ std::string FormatTenantLine(const Tenant& t) {
   if (!t.limits.layers.empty()) out += " layers=" + Join(t.limits.layers, ",");
   if (!t.limits.publish.empty()) out += " publish=" + Join(t.limits.publish, ",");
   if (t.limits.net_host) out += " net_host=yes";
+  if (t.limits.gateway) out += " gateway=yes";
   return out;
 }
 
@@ -213,6 +217,14 @@ std::shared_ptr<const Tenant> TenantTable::Authenticate(std::string_view token) 
     if (ConstantTimeEqual(*hash, t->token_sha256) && !found) found = t;
   }
   return found;
+}
+
+std::shared_ptr<const Tenant> TenantTable::Find(std::string_view name) const {
+  std::lock_guard lock(mu_);
+  for (const auto& t : tenants_) {
+    if (t->name == name) return t;
+  }
+  return nullptr;
 }
 
 int TenantTable::TakeCreations(const Tenant& tenant, int n) {

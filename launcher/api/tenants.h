@@ -26,6 +26,10 @@ struct TenantLimits {
   // NAME:VERSION); empty: it may not publish. Kept apart from `layers`:
   // using a shared tag is not moving it.
   std::vector<std::string> publish;
+  // A cluster gateway's credential, not a tenant: its calls act for the
+  // tenant its X-Strata-Tenant header names (or, without one, for the
+  // operator whose call the gateway passes on). docs/api.md, "Gateways".
+  bool gateway = false;
 };
 
 struct Tenant {
@@ -35,7 +39,7 @@ struct Tenant {
 };
 
 // "NAME sha256:HEX [max_sandboxes=N] [creates_per_s=R] [stores=URL,...]
-// [layers=PATTERN,...] [publish=PATTERN,...] [net_host=yes]"; '#' starts a
+// [layers=PATTERN,...] [publish=PATTERN,...] [net_host=yes] [gateway=yes]"; '#' starts a
 // comment line.
 Result<Tenant> ParseTenantLine(std::string_view line);
 std::string FormatTenantLine(const Tenant& tenant);
@@ -65,6 +69,8 @@ class TenantTable {
   // compares it with every tenant's hash, all of them, in constant time.
   std::shared_ptr<const Tenant> Authenticate(std::string_view token) const;
   size_t size() const;
+  // The tenant of that name, or nullptr.
+  std::shared_ptr<const Tenant> Find(std::string_view name) const;
 
   // Takes `n` creations from the tenant's rate budget; returns how many it
   // got (0..n). Rate state is kept by name across Replace().

@@ -32,6 +32,10 @@ struct NodeConfig {
   std::string runtime = "crun";  // any OCI runtime taking `run --bundle DIR ID`
   IdMapping idmap;
   std::string cgroup_parent = "strata";
+  // The node's name in a cluster (`serve --node`): sandbox ids carry it
+  // ("sb-<name>-<hex>") so a gateway routes a call by the id alone. Empty:
+  // ids are "sb-<hex>".
+  std::string name;
   // Sandboxes of the launcher daemon: the runtime runs detached (no process
   // per sandbox waits on it), and a restarted daemon re-adopts them, so the
   // sweep of dead one-shot launchers leaves them alone.
@@ -155,8 +159,14 @@ inline uint64_t MemoryCommit(const SandboxSpec& spec) {
   return spec.limits.memory > 0 && spec.backend == "container" ? spec.limits.memory + kAgentReserveMemory : 0;
 }
 
-// A new random sandbox id, "sb-" and 12 hex digits.
-std::string NewSandboxId();
+// A new random sandbox id: "sb-" and 12 hex digits, or with a node name
+// "sb-<node>-" and 12 hex digits.
+std::string NewSandboxId(std::string_view node = {});
+// The node a sandbox id names ("" for an id without one, or not an id).
+std::string SandboxIdNode(std::string_view id);
+// Whether `name` may be a node name: 1-20 of a-z, 0-9 and '-', starting
+// with a letter or digit (sandbox ids and their socket paths stay short).
+Status CheckNodeName(std::string_view name);
 
 // Cleans up after sandboxes whose launcher died (kill -9, power loss):
 // every sandbox directory whose owner process is gone.

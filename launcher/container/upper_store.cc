@@ -170,13 +170,13 @@ Result<UpperVolume> UpperStore::Snapshot(const UpperVolume& source, const std::s
   return volume;
 }
 
-Status UpperStore::RemoveSnapshots() const {
+Status UpperStore::RemoveSnapshots(const std::function<bool(std::string_view name)>& mine) const {
   const std::string dir = root_ + "/.snapshots";
   DIR* d = ::opendir(dir.c_str());
   if (!d) return errno == ENOENT ? OkStatus() : ErrnoError(errno, "list " + dir);
   std::vector<std::string> names;
   while (dirent* e = ::readdir(d)) {
-    if (e->d_name[0] != '.') names.push_back(e->d_name);
+    if (e->d_name[0] != '.' && mine(e->d_name)) names.push_back(e->d_name);
   }
   ::closedir(d);
   Status first;

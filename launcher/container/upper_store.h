@@ -7,6 +7,8 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <functional>
+#include <string_view>
 #include <string>
 #include <vector>
 
@@ -59,8 +61,9 @@ class UpperStore {
   // A read-only snapshot of `source` named `name`, under <root>/.snapshots
   // (List does not show them); its Destroy() deletes it.
   Result<UpperVolume> Snapshot(const UpperVolume& source, const std::string& name) const;
-  // Deletes every snapshot (left by a daemon that died while packing one).
-  Status RemoveSnapshots() const;
+  // Deletes the snapshots (left by a daemon that died while packing one)
+  // whose names `mine` accepts.
+  Status RemoveSnapshots(const std::function<bool(std::string_view name)>& mine) const;
   const std::string& root() const { return root_; }
 
  private:

@@ -11,11 +11,11 @@
 from ._common import ExecResult
 from .aio import AsyncClient, AsyncProcess, AsyncSandbox
 from .client import Client, Process, Sandbox
-from .errors import (Conflict, ConnectionFailed, Forbidden, NodeBusy, NotFound, RateLimited, RequestTimeout, SandboxError,
+from .errors import (Conflict, ConnectionFailed, Forbidden, NodeBusy, NodeLost, NotFound, RateLimited, RequestTimeout, SandboxError,
                      Unauthorized)
 
 __all__ = [
     "AsyncClient", "AsyncProcess", "AsyncSandbox", "Client", "Conflict", "ConnectionFailed", "ExecResult", "Forbidden",
-    "NodeBusy", "NotFound", "Process", "RateLimited", "RequestTimeout", "Sandbox", "SandboxError", "Unauthorized",
+    "NodeBusy", "NodeLost", "NotFound", "Process", "RateLimited", "RequestTimeout", "Sandbox", "SandboxError", "Unauthorized",
 ]
 __version__ = "0.1.0"

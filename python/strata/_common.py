@@ -207,15 +207,16 @@ def exec_body(cmd, timeout, env, cwd, stdin, output_cap, detach, kill_leftovers,
 def raise_for(response_status: int, body: bytes) -> None:
     if 200 <= response_status < 300:
         return
-    message, errno = f"HTTP {response_status}", None
+    message, errno, node = f"HTTP {response_status}", None, None
     try:
         j = json.loads(body or b"{}")
         message = j.get("error", message)
         errno = j.get("errno")
+        node = j.get("node")
     except (ValueError, AttributeError):
         if body:
             message = f"HTTP {response_status}: {body[:200]!r}"
-    raise error_for(response_status, message, errno)
+    raise error_for(response_status, message, errno, node)
 
 
 def result_of_json(j: Mapping[str, Any]) -> ExecResult:

@@ -99,11 +99,16 @@ class AsyncClient:
         backoff = c.Backoff(self._retry_deadline)
         last_error: Optional[BaseException] = None
         status, payload = None, b""
+        attempt = 0
         while True:
             http = self._http[self._current]
             started = False
+            attempt += 1
+            # A retry says so: a gateway then asks the nodes whether the
+            # first attempt (maybe through another gateway) reached one.
+            sent = hdrs + [(b"X-Strata-Attempt", str(attempt).encode())] if attempt > 1 else hdrs
             try:
-                async with http.stream(method, self._url(path, params), headers=hdrs, content=data or b"",
+                async with http.stream(method, self._url(path, params), headers=sent, content=data or b"",
                                        extensions=extensions) as response:
                     status = response.status
                     if 200 <= status < 300 and sink is not None:
@@ -143,7 +148,8 @@ class AsyncClient:
                env: Union[Mapping[str, str], Sequence[str], None] = None,
                workdir: Optional[str] = None, store: Optional[str] = None, ttl: Optional[float] = None,
                count: Optional[int] = None, deny: Optional[Sequence[str]] = None,
-               read_only: Optional[Sequence[str]] = None, kill_leftovers: Optional[bool] = None) -> Union["AsyncSandbox", List["AsyncSandbox"]]:
+               read_only: Optional[Sequence[str]] = None, kill_leftovers: Optional[bool] = None,
+               labels: Optional[Mapping[str, str]] = None) -> Union["AsyncSandbox", List["AsyncSandbox"]]:
         """Creates a sandbox (a list of ``count`` with ``count``; those that
         failed raise only when none was made). ``ttl``: seconds after the
         last call on it before the node destroys it. ``network``: ``"none"``
@@ -151,6 +157,8 @@ class AsyncClient:
         ``"open"`` or ``"host"``."""
         body = c.create_body(layers, backend, cpus, memory, pids, disk, c.network_body(network, allow), env, workdir,
                              store, ttl, count, deny, read_only, kill_leftovers)
+        if labels:
+            body["labels"] = dict(labels)  # a gateway places on nodes that carry them
         answer = await self._json("POST", "/v1/sandboxes", body=body, key=c.new_key())
         if count is None:
             return AsyncSandbox(self, answer)

@@ -78,11 +78,16 @@ class Client:
         backoff = c.Backoff(self._retry_deadline)
         last_error: Optional[BaseException] = None
         status, payload = None, b""
+        attempt = 0
         while True:
             http = self._http[self._current]
             started = False
+            attempt += 1
+            # A retry says so: a gateway then asks the nodes whether the
+            # first attempt (maybe through another gateway) reached one.
+            sent = dict(hdrs, **{"X-Strata-Attempt": str(attempt)}) if attempt > 1 else hdrs
             try:
-                kw = {"content": data, "params": params, "headers": hdrs}
+                kw = {"content": data, "params": params, "headers": sent}
                 if timeout is not None:
                     kw["timeout"] = timeout
                 with http.stream(method, path, **kw) as response:
@@ -124,7 +129,8 @@ class Client:
                env: Union[Mapping[str, str], Sequence[str], None] = None,
                workdir: Optional[str] = None, store: Optional[str] = None, ttl: Optional[float] = None,
                count: Optional[int] = None, deny: Optional[Sequence[str]] = None,
-               read_only: Optional[Sequence[str]] = None, kill_leftovers: Optional[bool] = None) -> Union["Sandbox", List["Sandbox"]]:
+               read_only: Optional[Sequence[str]] = None, kill_leftovers: Optional[bool] = None,
+               labels: Optional[Mapping[str, str]] = None) -> Union["Sandbox", List["Sandbox"]]:
         """Creates a sandbox (a list of ``count`` with ``count``; those that
         failed raise only when none was made). ``ttl``: seconds after the
         last call on it before the node destroys it. ``network``: ``"none"``
@@ -132,6 +138,8 @@ class Client:
         ``"open"`` or ``"host"``."""
         body = c.create_body(layers, backend, cpus, memory, pids, disk, c.network_body(network, allow), env, workdir,
                              store, ttl, count, deny, read_only, kill_leftovers)
+        if labels:
+            body["labels"] = dict(labels)  # a gateway places on nodes that carry them
         answer = self._json("POST", "/v1/sandboxes", body=body, key=c.new_key())
         if count is None:
             return Sandbox(self, answer)

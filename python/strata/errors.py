@@ -39,6 +39,16 @@ class NodeBusy(SandboxError):
     """503: the node cannot take more now. Retried until the deadline."""
 
 
+class NodeLost(NodeBusy):
+    """503 from a cluster gateway: the node that holds the sandbox is lost
+    (its lease expired) or cannot be reached; ``node`` names it. Retried
+    until the deadline: a node that comes back re-adopts its sandboxes."""
+
+    def __init__(self, message: str, status: Optional[int] = None, errno: Optional[int] = None, node: str = ""):
+        super().__init__(f"{message} (node {node})" if node else message, status, errno)
+        self.node = node
+
+
 class RequestTimeout(SandboxError):
     """The call's own deadline passed (retries included)."""
 
@@ -50,5 +60,7 @@ class ConnectionFailed(SandboxError):
 _BY_STATUS = {401: Unauthorized, 403: Forbidden, 404: NotFound, 409: Conflict, 429: RateLimited, 503: NodeBusy}
 
 
-def error_for(status: int, message: str, errno: Optional[int] = None) -> SandboxError:
+def error_for(status: int, message: str, errno: Optional[int] = None, node: Optional[str] = None) -> SandboxError:
+    if status == 503 and node:
+        return NodeLost(message, status, errno, node)
     return _BY_STATUS.get(status, SandboxError)(message, status, errno)
