@@ -470,9 +470,10 @@ Response Gateway::Create(const Request& req, const Caller& caller) {
       continue;
     }
     const int status = out.response.status;
-    if (status == 503) {  // the node is full or short of memory: it made nothing
-      // (A 429 is the tenant's own limit: asking other nodes would only
-      // multiply the tenant's rate; it goes back to the caller.)
+    // Refused, so nothing was made: the node is full or short of memory
+    // (503), or the tenant is at its limit there (429; tenant limits are
+    // per node, so another node may still have room for it).
+    if (status == 503 || status == 429) {
       ++refusals_;
       placer_.Unplace(*node, want.count);
       tried.insert(*node);

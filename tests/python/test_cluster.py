@@ -462,3 +462,29 @@ def test_two_daemons_sharing_a_setting_refuse_to_start(cluster):
     assert r.returncode != 0 and "--node" in r.stderr, r.stderr
     assert n.proc.poll() is None
     shutil.rmtree(state, ignore_errors=True)
+
+
+def test_only_a_gateway_credential_names_a_tenant(cluster):
+    import httpx
+    node = cluster.nodes["n1"]
+    gw_token = open(os.path.join(cluster.root, "gateway-credential")).read().strip()
+    url = "https://" + node.address
+    with httpx.Client(verify=cluster.cert) as h:
+        # A tenant's token naming someone else: refused, never taken on trust.
+        r = h.get(url + "/v1/sandboxes", headers={"Authorization": "Bearer " + cluster.tenant, "X-Strata-Tenant": "gw"})
+        assert r.status_code == 403, r.text
+        # No token at all, just the header: 401.
+        r = h.get(url + "/v1/sandboxes", headers={"X-Strata-Tenant": "trainer"})
+        assert r.status_code == 401, r.text
+        # The gateway's credential naming a tenant the node does not know: 401.
+        r = h.get(url + "/v1/sandboxes", headers={"Authorization": "Bearer " + gw_token, "X-Strata-Tenant": "nobody"})
+        assert r.status_code == 401, r.text
+        # Naming a known tenant: that tenant's view (its own sandboxes only).
+        r = h.get(url + "/v1/sandboxes", headers={"Authorization": "Bearer " + gw_token, "X-Strata-Tenant": "trainer"})
+        assert r.status_code == 200 and isinstance(r.json(), list), r.text
+        # The credential is for nodes: a gateway refuses it from a caller.
+        r = h.get(cluster.gateways[1].url + "/v1/sandboxes", headers={"Authorization": "Bearer " + gw_token})
+        assert r.status_code == 403, r.text
+        # A gateway answers health without a token (readiness probes).
+        r = h.get(cluster.gateways[1].url + "/v1/health")
+        assert r.status_code == 200 and r.json()["nodes"]["live"] == len(cluster.nodes), r.text
