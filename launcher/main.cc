@@ -8,6 +8,7 @@
 #include <CLI/CLI.hpp>
 #include <atomic>
 #include <cstdio>
+#include <functional>
 #include <iostream>
 #include <thread>
 
@@ -158,12 +159,32 @@ int RunThroughDaemon(LauncherClient& client, const SandboxSpec& spec, const Exec
   return Report(*result, request.stdout_cap, spec.limits.memory);
 }
 
-int Serve(const ServeOptions& options, const NodeConfig& node) {
+// A daemon's signals: blocked here (so every thread it starts inherits
+// the mask), then waited for by WaitForStop.
+sigset_t BlockDaemonSignals() {
   sigset_t signals;
   sigemptyset(&signals);
   for (int s : {SIGINT, SIGTERM, SIGHUP}) sigaddset(&signals, s);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   ::signal(SIGPIPE, SIG_IGN);
+  return signals;
+}
+
+// Waits for SIGINT or SIGTERM (returned); each SIGHUP rereads the tokens
+// (added and revoked tenants take effect at once; sandboxes are not touched).
+int WaitForStop(const sigset_t& signals, const std::function<Status()>& reload_tokens, bool have_tokens) {
+  int sig = 0;
+  while (true) {
+    sigwait(&signals, &sig);
+    if (sig != SIGHUP) return sig;
+    Status s = reload_tokens();
+    if (!s.ok()) std::fprintf(stderr, "launcher: SIGHUP: %s\n", s.ToString().c_str());
+    else std::fprintf(stderr, "launcher: SIGHUP: %s\n", have_tokens ? "tokens reread" : "no tokens file to reread");
+  }
+}
+
+int Serve(const ServeOptions& options, const NodeConfig& node) {
+  const sigset_t signals = BlockDaemonSignals();
   if (Status placed = PlaceNodeProcesses(node.cgroup_parent); !placed.ok()) {
     std::fprintf(stderr, "launcher: warning: %s\n", placed.ToString().c_str());
   }
@@ -184,40 +205,22 @@ int Serve(const ServeOptions& options, const NodeConfig& node) {
   if (!server.ok()) return Fail(server.status());
   for (const auto& w : warnings) std::fprintf(stderr, "launcher: WARNING: %s\n", w.c_str());
   for (const auto& url : (*server)->urls()) std::fprintf(stderr, "launcher: serving on %s\n", url.c_str());
-  int sig = 0;
-  while (true) {
-    sigwait(&signals, &sig);
-    if (sig != SIGHUP) break;
-    // SIGHUP rereads the tokens: added and revoked tenants take effect at
-    // once; sandboxes are not touched.
-    Status s = (*server)->ReloadTokens();
-    if (s.ok() && options.tokens_file.empty() && options.legacy_token_file.empty()) std::fprintf(stderr, "launcher: SIGHUP: no tokens file to reread\n");
-    else if (s.ok()) std::fprintf(stderr, "launcher: SIGHUP: tokens reread\n");
-    else std::fprintf(stderr, "launcher: SIGHUP: %s\n", s.ToString().c_str());
-  }
+  const int sig = WaitForStop(signals, [&] { return (*server)->ReloadTokens(); },
+                              !options.tokens_file.empty() || !options.legacy_token_file.empty());
   std::fprintf(stderr, "launcher: signal %d: stopping (sandboxes keep running; a restart re-adopts them)\n", sig);
   server->reset();
   return 0;
 }
 
 int RunGateway(GatewayOptions options) {
-  sigset_t signals;
-  sigemptyset(&signals);
-  for (int s : {SIGINT, SIGTERM, SIGHUP}) sigaddset(&signals, s);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-  ::signal(SIGPIPE, SIG_IGN);
+  const sigset_t signals = BlockDaemonSignals();
+  const bool have_tokens = !options.tokens_file.empty();
   std::vector<std::string> warnings;
   auto gateway = Gateway::Start(std::move(options), &warnings);
   if (!gateway.ok()) return Fail(gateway.status());
   for (const auto& w : warnings) std::fprintf(stderr, "launcher: WARNING: %s\n", w.c_str());
   for (const auto& url : (*gateway)->urls()) std::fprintf(stderr, "launcher: gateway serving on %s\n", url.c_str());
-  int sig = 0;
-  while (true) {
-    sigwait(&signals, &sig);
-    if (sig != SIGHUP) break;
-    Status s = (*gateway)->ReloadTokens();
-    std::fprintf(stderr, "launcher: SIGHUP: %s\n", s.ok() ? "tokens reread" : s.ToString().c_str());
-  }
+  const int sig = WaitForStop(signals, [&] { return (*gateway)->ReloadTokens(); }, have_tokens);
   std::fprintf(stderr, "launcher: signal %d: gateway stopping\n", sig);
   gateway->reset();
   return 0;

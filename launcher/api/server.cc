@@ -3,7 +3,6 @@
 #include "launcher/api/server.h"
 
 #include <fcntl.h>
-#include <strings.h>
 #include <grp.h>
 #include <poll.h>
 #include <sys/stat.h>
@@ -500,11 +499,7 @@ Result<LauncherServer::Caller> LauncherServer::Authenticate(const Request& req) 
     return caller;
   }
   auto it = req.headers.find("authorization");
-  if (it == req.headers.end() || it->second.size() < 7 || strncasecmp(it->second.c_str(), "bearer ", 7) != 0) {
-    return Error(ENOKEY, "launcher: no token (send Authorization: Bearer <token>)");
-  }
-  caller.tenant = tenants_.Authenticate(std::string_view(it->second).substr(7));
-  if (!caller.tenant) return Error(EKEYREJECTED, "launcher: unknown or revoked token");
+  STRATA_ASSIGN_OR_RETURN(caller.tenant, tenants_.FromAuthorization(it == req.headers.end() ? nullptr : &it->second, "launcher"));
   // Only a gateway's credential may say whom it calls for; a tenant that
   // names another tenant is refused rather than ignored.
   auto named = req.headers.find(kTenantHeader);

@@ -1,6 +1,8 @@
 // Tenants: the tokens file, authentication and creation rates.
 #include "launcher/api/tenants.h"
 
+#include <strings.h>
+
 #include <fnmatch.h>
 #include <sys/stat.h>
 
@@ -217,6 +219,15 @@ std::shared_ptr<const Tenant> TenantTable::Authenticate(std::string_view token) 
     if (ConstantTimeEqual(*hash, t->token_sha256) && !found) found = t;
   }
   return found;
+}
+
+Result<std::shared_ptr<const Tenant>> TenantTable::FromAuthorization(const std::string* header, std::string_view who) const {
+  if (!header || header->size() < 7 || strncasecmp(header->c_str(), "bearer ", 7) != 0) {
+    return Error(ENOKEY, StrCat(who, ": no token (send Authorization: Bearer <token>)"));
+  }
+  auto tenant = Authenticate(std::string_view(*header).substr(7));
+  if (!tenant) return Error(EKEYREJECTED, StrCat(who, ": unknown or revoked token"));
+  return tenant;
 }
 
 std::shared_ptr<const Tenant> TenantTable::Find(std::string_view name) const {

@@ -69,6 +69,10 @@ class TenantTable {
   // compares it with every tenant's hash, all of them, in constant time.
   std::shared_ptr<const Tenant> Authenticate(std::string_view token) const;
   size_t size() const;
+  // The tenant of an "Authorization: Bearer <token>" header's token (the
+  // header's value, nullptr when there is none): ENOKEY without a bearer
+  // token, EKEYREJECTED for one no tenant has; `who` starts the message.
+  Result<std::shared_ptr<const Tenant>> FromAuthorization(const std::string* header, std::string_view who) const;
   // The tenant of that name, or nullptr.
   std::shared_ptr<const Tenant> Find(std::string_view name) const;
 

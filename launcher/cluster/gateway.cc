@@ -245,11 +245,7 @@ Result<Gateway::Caller> Gateway::Authenticate(const Request& req) const {
     return caller;
   }
   auto it = req.headers.find("authorization");
-  if (it == req.headers.end() || it->second.size() < 7 || strncasecmp(it->second.c_str(), "bearer ", 7) != 0) {
-    return Error(ENOKEY, "gateway: no token (send Authorization: Bearer <token>)");
-  }
-  caller.tenant = tenants_.Authenticate(std::string_view(it->second).substr(7));
-  if (!caller.tenant) return Error(EKEYREJECTED, "gateway: unknown or revoked token");
+  STRATA_ASSIGN_OR_RETURN(caller.tenant, tenants_.FromAuthorization(it == req.headers.end() ? nullptr : &it->second, "gateway"));
   if (caller.tenant->limits.gateway) return Error(EPERM, "gateway: a gateway's credential is for nodes, not for calls to a gateway");
   return caller;
 }
