@@ -152,8 +152,16 @@ struct Transfer {
 
   bool Success() const { return response->status >= 200 && response->status < 300; }
 
-  size_t OnHeader(std::string_view line) {
+  // Returns false to cut the transfer.
+  bool OnHeader(std::string_view line) {
     line = Trim(line);
+    if (line.empty()) {  // the end of an answer's headers
+      if (request->on_headers && !headed && response->status >= 200) {
+        headed = true;
+        return request->on_headers(*response);
+      }
+      return true;
+    }
     if (line.starts_with("HTTP/")) {
       // A new status line (after a 100 Continue, or a redirect) starts a new answer.
       response->status_line = std::string(line);
@@ -164,16 +172,16 @@ struct Transfer {
         auto code = ParseUint(line.substr(sp + 1, 3));
         if (code) response->status = static_cast<long>(*code);
       }
-      return 0;
+      return true;
     }
     size_t colon = line.find(':');
-    if (colon == std::string_view::npos) return 0;
+    if (colon == std::string_view::npos) return true;
     response->headers.emplace_back(Lower(Trim(line.substr(0, colon))), std::string(Trim(line.substr(colon + 1))));
     if (response->headers.back().first == "content-length" && Success() && request->out.empty() &&
         request->method != "HEAD") {
       if (auto n = ParseUint(response->headers.back().second)) response->body.reserve(std::min<uint64_t>(*n, kMaxReserve));
     }
-    return 0;
+    return true;
   }
 
   // Returns false to cut the transfer.
@@ -234,8 +242,7 @@ struct Transfer {
 extern "C" size_t HeaderCallback(char* data, size_t size, size_t nmemb, void* user) {
   size_t n = size * nmemb;
   return Guarded("header", size_t{0}, [&] {
-    static_cast<Transfer*>(user)->OnHeader(std::string_view(data, n));
-    return n;
+    return static_cast<Transfer*>(user)->OnHeader(std::string_view(data, n)) ? n : size_t{0};
   });
 }
 
@@ -549,7 +556,12 @@ Result<HttpResponse> HttpClient::Perform(const HttpRequest& request, std::string
   for (const auto& h : request.headers) {
     if (!add_header(h)) return Error(ENOMEM, StrCat(store_name_, ": ", step, ": out of memory"));
   }
-  if (request.method == "PUT" && request.aws_sigv4.empty() && !add_header("Expect:")) return Error(ENOMEM, StrCat(store_name_, ": ", step, ": out of memory"));
+  // A streamed upload (a relay) keeps it: a server that refuses the
+  // upload at once answers before the body is sent, instead of cutting
+  // the connection under it.
+  if (request.method == "PUT" && request.aws_sigv4.empty() && !request.source && !add_header("Expect:")) {
+    return Error(ENOMEM, StrCat(store_name_, ": ", step, ": out of memory"));
+  }
 
   while (true) {
     ++attempt;

@@ -98,8 +98,8 @@ struct HttpRequest {
   // whose error bodies say what went wrong.
   bool any_status = false;
   // A relay of the answer as it comes (a proxy): called once with the
-  // final status and headers before the first body byte; then the body of
-  // any status goes to `sink`. Returning false cuts the transfer. Use with
+  // final status and headers as soon as they are in (before any body);
+  // then the body of any status goes to `sink`. Returning false cuts the transfer. Use with
   // attempts = 1.
   std::function<bool(const struct HttpResponse& head)> on_headers;
   // With POST or PUT: the body is read from this as it is sent (chunked

@@ -162,6 +162,7 @@ struct Stream {
   std::deque<std::string> pieces;
   size_t offset = 0;  // into pieces.front()
   bool done = false;
+  bool failed = false;  // the producer threw: the body is cut, not ended
   bool closed = false;  // the client went away
   std::thread producer;
 };
@@ -170,7 +171,7 @@ ssize_t StreamRead(void* cls, uint64_t, char* buf, size_t max) {
   auto* s = static_cast<Stream*>(cls);
   std::unique_lock lock(s->mu);
   s->cv.wait(lock, [&] { return !s->pieces.empty() || s->done; });
-  if (s->pieces.empty()) return MHD_CONTENT_READER_END_OF_STREAM;
+  if (s->pieces.empty()) return s->failed ? MHD_CONTENT_READER_END_WITH_ERROR : MHD_CONTENT_READER_END_OF_STREAM;
   std::string& front = s->pieces.front();
   size_t n = std::min(max, front.size() - s->offset);
   std::memcpy(buf, front.data() + s->offset, n);
@@ -247,12 +248,15 @@ MHD_Result SendOrClose(MHD_Connection* connection, HttpServer::Response response
         s->cv.notify_all();
         return true;
       };
+      bool failed = false;
       try {
         produce(write);
       } catch (const std::exception& e) {
-        STRATA_LOG(kError) << "http stream: " << e.what();
+        STRATA_LOG(kWarn) << "http stream cut: " << e.what();
+        failed = true;
       }
       std::lock_guard lock(s->mu);
+      s->failed = failed;
       s->done = true;
       s->cv.notify_all();
     });

@@ -50,7 +50,9 @@ class HttpServer {
     std::vector<std::pair<std::string, std::string>> headers;  // extra ones ("Retry-After", "5")
     std::string body;
     // When set, the body is produced by this function (chunked encoding)
-    // on the connection's thread after the headers are sent.
+    // on the connection's thread after the headers are sent. A function
+    // that throws cuts the connection: the client sees a broken body,
+    // never a clean end of a short one.
     std::function<void(const StreamWriter&)> stream;
   };
 

@@ -345,6 +345,46 @@ Status SandboxManager::Recover() {
     STRATA_RETURN_IF_ERROR(Forget(id));
     ++recovery_.removed;
   }
+  // What this daemon's sandboxes are called on the node (run directories,
+  // upper volumes). The run directory and the uppers are this daemon's
+  // alone (each claimed, node_claims.h), so what is in them and not known
+  // is its own: a crash between making a thing and recording it, or a
+  // failed cleanup after a failed create.
+  std::set<std::string> known;
+  for (auto& [id, e] : sandboxes_) known.insert(e->sandbox ? e->sandbox->id() : id);
+  for (auto& [key, p] : pools_) known.insert(p->warm->id());
+  for (auto& [key, p] : warm_) {
+    for (auto& sb : p->ready) known.insert(sb->id());
+  }
+  if (DIR* dir = ::opendir(node_.run_dir.c_str())) {
+    std::vector<std::string> orphans;
+    while (dirent* e = ::readdir(dir)) {
+      std::string name = e->d_name;
+      if (name.starts_with("sb-") && !known.count(name)) orphans.push_back(name);
+    }
+    ::closedir(dir);
+    for (const auto& id : orphans) {
+      auto text = ReadFileToString(JoinPath(node_.run_dir, id) + "/state.json");
+      json state = text.ok() ? json::parse(*text, nullptr, false) : json();
+      if (!state.is_object() || !state.value("managed", false)) continue;  // a one-shot launcher's
+      KillRuntimeStragglers(JoinPath(node_.run_dir, id));
+      if (auto sandbox = Sandbox::Adopt(id, node_); sandbox.ok()) {
+        STRATA_LOG(kWarn) << "removing unrecorded sandbox " << id;
+        (*sandbox)->Destroy().IgnoreError();
+        ++recovery_.removed;
+      }
+    }
+  }
+  if (auto uppers = UpperStore::Open(node_.uppers); uppers.ok()) {
+    for (const auto& name : uppers->List().value_or({})) {
+      if (!name.starts_with("sb-") || known.count(name)) continue;
+      if (::access(JoinPath(node_.run_dir, name).c_str(), F_OK) == 0) continue;  // (a one-shot launcher's)
+      if (auto v = uppers->Adopt(name); v.ok()) {
+        STRATA_LOG(kWarn) << "removing upper volume " << name << " of a sandbox that is gone";
+        v->Destroy().IgnoreError();
+      }
+    }
+  }
   // Network namespaces, veths and rules of sandboxes that are gone.
   if (node_.network) {
     Status s = node_.network->Reconcile();

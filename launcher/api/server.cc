@@ -433,6 +433,10 @@ Status LauncherServer::Register() {
   if (node.url.empty()) {
     if (tcp_.empty()) return Error(EINVAL, "serve: --cluster needs --listen HOST:PORT (gateways reach nodes over TCP) or --advertise URL");
     node.url = tcp_.front()->url();
+    auto hp = ParseHostPort(options_.listen.front());
+    if (hp.ok() && (hp->first.empty() || hp->first == "0.0.0.0" || hp->first == "::")) {
+      return Error(EINVAL, "serve: --listen " + options_.listen.front() + " is every address: say which one gateways use (--advertise https://HOST:PORT)");
+    }
   }
   node.labels = c.labels;
   node.backends = {"container", "fncall"};

@@ -32,17 +32,18 @@ Status Drain(const std::string& endpoints, const std::string& node, Duration tim
   STRATA_RETURN_IF_ERROR(Cordon(endpoints, node, "drain"));
   STRATA_ASSIGN_OR_RETURN(auto etcd, EtcdClient::Create(endpoints));
   const auto deadline = std::chrono::steady_clock::now() + timeout;
-  // Only a report the node made after the cordon counts: an older one may
-  // not show sandboxes made just before it.
-  const int64_t cordoned_ms =
-      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+  // Only a report the node wrote after the cordon counts (an older one may
+  // not show sandboxes made just before it): etcd's revisions order them,
+  // whatever the two hosts' clocks say.
+  STRATA_ASSIGN_OR_RETURN(auto cordon, etcd->Get(kCordonPrefix + node));
+  const int64_t cordon_revision = cordon ? cordon->mod_revision : 0;
   int64_t last = -1;
   while (true) {
     auto live = etcd->Get(kLivePrefix + node);
     int64_t count = -1;
     if (live.ok() && *live) {
       auto record = NodeRecord::FromJson(json::parse((*live)->value, nullptr, false));
-      if (record.ok() && record->at_ms > cordoned_ms) count = record->sandboxes;
+      if (record.ok() && (*live)->mod_revision > cordon_revision) count = record->sandboxes;
     } else if (live.ok()) {
       return Error(EHOSTDOWN, "drain " + node + ": the node is not live (lost or stopped); its sandboxes cannot be counted");
     }

@@ -113,6 +113,12 @@ Status EtcdClient::KeepAlive(int64_t lease) {
   // A stream of answers; its first one says whether the lease lives (an
   // expired lease comes back with TTL 0 or none).
   json j = json::parse(text.substr(0, text.find('\n')), nullptr, false);
+  if (j.is_object() && j.contains("error")) {
+    // A stream's error comes with HTTP 200 (a member without a leader):
+    // not an expired lease; the next call asks the next member.
+    current_ = (current_.load() + 1) % endpoints_.size();
+    return Error(EAGAIN, "etcd: lease keep-alive: " + j["error"].dump());
+  }
   const json result = j.is_object() ? j.value("result", json::object()) : json::object();
   if (Int(result, "TTL") <= 0) return Error(ENOENT, StrCat("etcd: lease ", lease, " has expired"));
   return OkStatus();

@@ -84,7 +84,6 @@ struct Relay {
   void Finish(Result<cache::HttpResponse> r) {
     std::lock_guard lock(mu);
     if (!r.ok()) error = r.status();
-    else if (!headed) head = *r;  // an answer without a body
     done = true;
     cv.notify_all();
   }
@@ -170,48 +169,71 @@ std::shared_ptr<RelayThread> Start(cache::HttpClient& client, const std::string&
 Forwarder::Outcome Forwarder::Forward(Call call) {
   Outcome out;
   std::shared_ptr<int> client_fd = call.client_fd;
+  const auto deadline = call.timeout.count() > 0 ? std::chrono::steady_clock::now() + call.timeout
+                                                  : std::chrono::steady_clock::time_point::max();
   auto owner = Start(ClientFor(call.node_url), options_.credential, call, false);
   Relay& relay = *owner->relay;
   std::unique_lock lock(relay.mu);
-  relay.cv.wait(lock, [&] { return relay.headed || relay.done; });
-  if (!relay.headed) {
-    relay.cv.wait(lock, [&] { return relay.done; });
-    if (!relay.error.ok()) {
-      out.error = relay.error;
-      out.reached = Reached(relay.error);
-      return out;
+  // Waits for `ready`, waking each second to notice a caller that hung up
+  // or a deadline that passed: the node's call is cut then (ECANCELED,
+  // ETIMEDOUT).
+  auto await = [&](const auto& ready) -> Status {
+    while (!relay.cv.wait_for(lock, std::chrono::seconds(1), ready)) {
+      if (Gone(client_fd ? *client_fd : -1)) return Error(ECANCELED, "the caller hung up");
+      if (std::chrono::steady_clock::now() >= deadline) {
+        return Error(ETIMEDOUT, StrCat("node ", call.node_url, " did not answer within ",
+                                       std::chrono::duration_cast<std::chrono::seconds>(call.timeout).count(), " s"));
+      }
     }
-    CopyHead(relay.head, &out.response);
+    return OkStatus();
+  };
+  if (Status s = await([&] { return relay.headed || relay.done; }); !s.ok()) {
+    out.error = s;
+    out.reached = true;
+    return out;  // (~RelayThread cancels the node's call)
+  }
+  if (!relay.headed) {  // no answer at all
+    out.error = relay.error.ok() ? Error(EPROTO, "node " + call.node_url + " answered nothing") : relay.error;
+    out.reached = Reached(out.error);
     return out;
   }
   CopyHead(relay.head, &out.response);
   if (IsJson(relay.head) || relay.head.status >= 300) {
-    // A JSON answer (or an error) is small: whole, so the gateway can read it.
-    relay.cv.wait(lock, [&] { return relay.done || relay.queued >= kRelayBytes; });
-    for (auto& p : relay.pieces) out.response.body += p;
-    relay.pieces.clear();
-    if (relay.done) {
-      if (!relay.error.ok() && out.response.body.empty()) {
-        out.error = relay.error;
+    // A JSON answer (or an error) is read whole, so the gateway can read
+    // it; the relay's bound only paces the node's side.
+    while (true) {
+      if (Status s = await([&] { return relay.done || !relay.pieces.empty(); }); !s.ok()) {
+        out.error = s;
         out.reached = true;
+        return out;
       }
-      return out;
+      for (auto& p : relay.pieces) out.response.body += p;
+      relay.pieces.clear();
+      relay.queued = 0;
+      relay.cv.notify_all();
+      if (relay.done && relay.pieces.empty()) break;
     }
-    // (larger than expected: the rest streams)
+    if (!relay.error.ok()) {  // cut short: a part of an answer is no answer
+      out.error = relay.error;
+      out.reached = true;
+    }
+    return out;
   }
   lock.unlock();
-  std::string first = std::move(out.response.body);
-  out.response.body.clear();
-  out.response.stream = [owner, client_fd, first = std::move(first)](const HttpServer::StreamWriter& write) {
+  out.response.stream = [owner, client_fd](const HttpServer::StreamWriter& write) {
     Relay& r = *owner->relay;
-    if (!first.empty() && !write(first)) return;
     std::unique_lock held(r.mu);
     while (true) {
       // Wakes each second to notice a caller that hung up while the node
       // says nothing (a quiet command): the node's call is cut then.
       r.cv.wait_for(held, std::chrono::seconds(1), [&] { return !r.pieces.empty() || r.done; });
       if (r.pieces.empty()) {
-        if (r.done) return;
+        if (r.done) {
+          // A node that failed mid-answer: the caller's body is cut too,
+          // never ended as if it were whole.
+          if (!r.error.ok()) throw std::runtime_error("relay from the node broke: " + r.error.ToString());
+          return;
+        }
         if (Gone(client_fd ? *client_fd : -1)) return;  // (~RelayThread cancels)
         continue;
       }
@@ -237,7 +259,10 @@ class RelayedUpload : public HttpServer::Upload {
     Relay& r = *owner_->relay;
     std::unique_lock lock(r.mu);
     r.cv.wait(lock, [&] { return r.upload_queued < kRelayBytes || r.done; });
-    if (r.done) return r.error.ok() ? Error(EIO, StrCat("the node answered HTTP ", r.head.status, " before the upload ended")) : r.error;
+    // A node that answered before the body ended (a refusal: another
+    // tenant's sandbox, no space) has its answer; the rest of the body is
+    // dropped and Finish() gives the caller that answer.
+    if (r.done) return r.headed ? OkStatus() : r.error;
     r.upload.emplace_back(piece);
     r.upload_queued += piece.size();
     r.cv.notify_all();
@@ -249,7 +274,7 @@ class RelayedUpload : public HttpServer::Upload {
     r.upload_end = true;
     r.cv.notify_all();
     r.cv.wait(lock, [&] { return r.done; });
-    if (!r.error.ok()) return HttpServer::ErrorResponse(r.error);
+    if (!r.headed) return HttpServer::ErrorResponse(r.error.ok() ? Error(EPROTO, "the node answered nothing") : r.error);
     HttpServer::Response response;
     CopyHead(r.head, &response);
     for (auto& p : r.pieces) response.body += p;

@@ -42,9 +42,12 @@ class Forwarder {
     // The caller's connection (a duplicate the call may keep): when it
     // hangs up, the node's call is cut too.
     std::shared_ptr<int> client_fd;
+    // Until the node's answer is in (a stream's headers, a JSON answer
+    // whole); 0: as long as the caller waits. ETIMEDOUT past it.
+    Duration timeout{0};
   };
   struct Outcome {
-    Status error;          // no answer from the node
+    Status error;          // no (whole) answer from the node
     bool reached = false;  // with an error: the request may have reached the node
     HttpServer::Response response;
   };

@@ -27,6 +27,12 @@ using Response = HttpServer::Response;
 
 namespace {
 
+// How long a call the gateway makes on its own (a list, metrics, a key
+// probe) waits for a node; a node slower than that is left out (a list
+// names it) or, for a probe, makes the answer unknown.
+constexpr auto kFanOutTimeout = std::chrono::seconds(10);
+constexpr auto kProbeTimeout = std::chrono::seconds(3);
+
 Response Json(const json& j, int status = 200) {
   Response r;
   r.status = status;
@@ -82,14 +88,31 @@ void AddNodeLabel(const std::string& text, const std::string& node, std::set<std
   }
 }
 
-// A forwarded answer's whole body (a large one arrives partly streamed).
-std::string WholeBody(Forwarder::Outcome& out) {
+// A node's answer as the caller gets it: the node's refusal of the
+// gateway's own credential is the gateway's problem (502), not a reason
+// for the caller to doubt its token.
+Response FromNode(const std::string& node, Response r) {
+  if (r.status == 401) {
+    return Json({{"error", "node " + node + " refused this gateway's credential (its --node-token is not a gateway=yes line of the node's tokens file)"},
+                 {"node", node}, {"errno", EACCES}},
+                502);
+  }
+  return r;
+}
+
+// A forwarded answer's whole body (one that is not JSON arrives as a
+// stream); nullopt when the node's answer broke off.
+std::optional<std::string> WholeBody(Forwarder::Outcome& out) {
   std::string body = std::move(out.response.body);
   if (out.response.stream) {
-    out.response.stream([&](std::string_view piece) {
-      body.append(piece);
-      return true;
-    });
+    try {
+      out.response.stream([&](std::string_view piece) {
+        body.append(piece);
+        return true;
+      });
+    } catch (const std::exception&) {
+      return std::nullopt;
+    }
   }
   return body;
 }
@@ -195,6 +218,12 @@ Status Gateway::Refresh() {
     auto record = NodeRecord::FromJson(json::parse(kv.value, nullptr, false));
     if (!record.ok()) {
       STRATA_LOG(kWarn) << "gateway: " << kv.key << ": " << record.status().ToString();
+      continue;
+    }
+    // The gateway's credential goes to this URL: a record that would send
+    // it in the clear (or anywhere but https) is not followed.
+    if (!options_.insecure && !record->url.starts_with("https://")) {
+      if (is_live) STRATA_LOG(kWarn) << "gateway: node " << name << " registered " << record->url << ", not https: left out (--insecure allows it)";
       continue;
     }
     NodeState& state = (*view)[name];
@@ -331,6 +360,11 @@ Response Gateway::Route(const Request& req, const Caller& caller) {
   }
   const std::string prefix = "/v1/sandboxes/";
   if (!req.path.starts_with(prefix)) return Fail(Error(ENOENT, "no API " + req.method + " " + req.path));
+  // A path is forwarded as it is: no "." or ".." segment may make it
+  // another call on the node than the one routed here.
+  for (const auto& part : Split(req.path, '/')) {
+    if (part == "." || part == "..") return Fail(Error(EINVAL, "path " + Quote(req.path) + " has a dot segment"));
+  }
   const std::string rest = req.path.substr(prefix.size());
   const std::string id = rest.substr(0, rest.find('/'));
   std::optional<Response> answer;
@@ -339,10 +373,11 @@ Response Gateway::Route(const Request& req, const Caller& caller) {
   ++forwarded_;
   auto out = forwarder_->Forward(CallFor(req, caller, *node));
   if (!out.error.ok()) {
+    if (out.error.code() == ECANCELED) return Fail(out.error);  // (nobody hears it)
     ++unreachable_;
     return NodeLost(node->record.name, "node unreachable: " + out.error.ToString());
   }
-  return std::move(out.response);
+  return FromNode(node->record.name, std::move(out.response));
 }
 
 std::unique_ptr<HttpServer::Upload> Gateway::StartUpload(const Request& req, std::optional<Response>* refusal) {
@@ -362,9 +397,10 @@ std::unique_ptr<HttpServer::Upload> Gateway::StartUpload(const Request& req, std
 
 // --- create -------------------------------------------------------------------
 
-std::optional<std::string> Gateway::NodeWithKey(const std::string& key, const Caller& caller) {
+Result<std::optional<std::string>> Gateway::NodeWithKey(const std::string& key, const Caller& caller) {
   auto v = view();
-  std::vector<std::pair<std::string, std::future<bool>>> asks;
+  // Each live node says yes (200), no (404), or nothing useful.
+  std::vector<std::pair<std::string, std::future<int>>> asks;
   for (const auto& [name, state] : *v) {
     if (!state.live) continue;
     asks.emplace_back(name, std::async(std::launch::async, [this, state, key, &caller] {
@@ -372,13 +408,25 @@ std::optional<std::string> Gateway::NodeWithKey(const std::string& key, const Ca
       probe.method = "GET";
       probe.path = "/v1/keys";
       probe.query["key"] = key;
-      auto out = forwarder_->Forward(CallFor(probe, caller, state));
-      return out.error.ok() && out.response.status == 200;
+      Forwarder::Call call = CallFor(probe, caller, state);
+      call.timeout = kProbeTimeout;
+      auto out = forwarder_->Forward(std::move(call));
+      return out.error.ok() ? out.response.status : 0;
     }));
   }
   std::optional<std::string> found;
-  for (auto& [name, known] : asks) {
-    if (known.get() && !found) found = name;
+  std::vector<std::string> silent;
+  for (auto& [name, ask] : asks) {
+    const int status = ask.get();
+    if (status == 200 && !found) found = name;
+    if (status != 200 && status != 404) silent.push_back(name);
+  }
+  if (found) return found;
+  // A node that could not say may hold the first attempt: placing the
+  // retry elsewhere could make a second sandbox.
+  if (!silent.empty()) {
+    return Error(EAGAIN, StrCat("create: cannot tell whether an earlier attempt reached node ", Join(silent, ", "),
+                                "; retry with the same Idempotency-Key"));
   }
   return found;
 }
@@ -420,15 +468,20 @@ Response Gateway::Create(const Request& req, const Caller& caller) {
   if (auto a = req.headers.find("x-strata-attempt"); a != req.headers.end()) attempt = std::atoi(a->second.c_str());
 
   auto v = view();
+  const auto deadline = std::chrono::steady_clock::now() + options_.create_deadline;
   auto send = [&](const std::string& name) -> Forwarder::Outcome {
     auto it = v->find(name);
     if (it == v->end()) return {Error(ENOENT, "node " + name + " left the view"), false, {}};
     ++forwarded_;
-    auto out = forwarder_->Forward(CallFor(forwarded, caller, it->second));
-    if (out.error.ok()) out.response.headers.emplace_back("X-Strata-Node", name);
+    Forwarder::Call call = CallFor(forwarded, caller, it->second);
+    call.timeout = std::max<Duration>(std::chrono::seconds(1), deadline - std::chrono::steady_clock::now());
+    auto out = forwarder_->Forward(std::move(call));
+    if (out.error.ok()) {
+      out.response = FromNode(name, std::move(out.response));
+      out.response.headers.emplace_back("X-Strata-Node", name);
+    }
     return out;
   };
-  const auto deadline = std::chrono::steady_clock::now() + options_.create_deadline;
   // The same node until it answers: the request may have reached it, and
   // only its own key store knows whether it made the sandbox.
   auto stay = [&](const std::string& name, Forwarder::Outcome out) -> Response {
@@ -446,7 +499,9 @@ Response Gateway::Create(const Request& req, const Caller& caller) {
   // A retry of a create that may have reached a node through another
   // gateway (one that died): that node answers it again.
   if (client_key && attempt > 1) {
-    if (auto holder = NodeWithKey(key, caller)) return stay(*holder, send(*holder));
+    auto holder = NodeWithKey(key, caller);
+    if (!holder.ok()) return Fail(holder.status());
+    if (*holder) return stay(**holder, send(**holder));
   }
   std::set<std::string> tried;
   std::optional<Response> last_refusal;
@@ -493,7 +548,9 @@ Response Gateway::List(const Caller& caller) {
       Request list;
       list.method = "GET";
       list.path = "/v1/sandboxes";
-      return forwarder_->Forward(CallFor(list, caller, state));
+      Forwarder::Call call = CallFor(list, caller, state);
+      call.timeout = kFanOutTimeout;
+      return forwarder_->Forward(std::move(call));
     }));
   }
   json all = json::array();
@@ -503,7 +560,8 @@ Response Gateway::List(const Caller& caller) {
   }
   for (auto& [name, ask] : asks) {
     auto out = ask.get();
-    json part = out.error.ok() && out.response.status == 200 ? json::parse(WholeBody(out), nullptr, false) : json();
+    std::optional<std::string> body = out.error.ok() && out.response.status == 200 ? WholeBody(out) : std::nullopt;
+    json part = body ? json::parse(*body, nullptr, false) : json();
     if (!part.is_array()) {
       missing.push_back(name);
       continue;
@@ -541,13 +599,16 @@ Response Gateway::Metrics() {
       Request m;
       m.method = "GET";
       m.path = "/metrics";
-      return forwarder_->Forward(CallFor(m, Caller{.is_operator = true}, state));
+      Forwarder::Call call = CallFor(m, Caller{.is_operator = true}, state);
+      call.timeout = kFanOutTimeout;
+      return forwarder_->Forward(std::move(call));
     }));
   }
   std::set<std::string> comments;
   for (auto& [name, ask] : asks) {
     auto o = ask.get();
-    if (o.error.ok() && o.response.status == 200) AddNodeLabel(WholeBody(o), name, &comments, &out);
+    if (!o.error.ok() || o.response.status != 200) continue;
+    if (auto body = WholeBody(o)) AddNodeLabel(*body, name, &comments, &out);
   }
   Response r;
   r.content_type = "text/plain; version=0.0.4";

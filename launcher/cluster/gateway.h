@@ -88,8 +88,9 @@ class Gateway {
   // expired).
   Result<NodeState> NodeOf(const std::string& id, std::optional<HttpServer::Response>* answer);
   Forwarder::Call CallFor(const HttpServer::Request& request, const Caller& caller, const NodeState& node);
-  // The live node that knows this Idempotency-Key (a retried create), if any.
-  std::optional<std::string> NodeWithKey(const std::string& key, const Caller& caller);
+  // The live node that knows this Idempotency-Key (a retried create), if
+  // any; EAGAIN when a live node could not say.
+  Result<std::optional<std::string>> NodeWithKey(const std::string& key, const Caller& caller);
 
   GatewayOptions options_;
   std::unique_ptr<EtcdClient> etcd_;

@@ -99,14 +99,16 @@ class AsyncClient:
         backoff = c.Backoff(self._retry_deadline)
         last_error: Optional[BaseException] = None
         status, payload = None, b""
-        attempt = 0
+        attempt, broken = 0, False
         while True:
             http = self._http[self._current]
             started = False
             attempt += 1
-            # A retry says so: a gateway then asks the nodes whether the
-            # first attempt (maybe through another gateway) reached one.
-            sent = hdrs + [(b"X-Strata-Attempt", str(attempt).encode())] if attempt > 1 else hdrs
+            # A retry after a broken connection says so: a gateway then asks
+            # the nodes whether an earlier attempt (maybe through another
+            # gateway, one that died) reached one. (After a refusal it
+            # did not: nothing to ask.)
+            sent = hdrs + [(b"X-Strata-Attempt", str(attempt).encode())] if broken else hdrs
             try:
                 async with http.stream(method, self._url(path, params), headers=sent, content=data or b"",
                                        extensions=extensions) as response:
@@ -128,6 +130,7 @@ class AsyncClient:
                     raise SandboxError(f"strata: {method} {path}: the connection broke: {e}") from e
                 last_error = e
                 retry_after = None
+                broken = True
                 self._current = (self._current + 1) % len(self._http)  # the next gateway
             except httpcore.TimeoutException as e:
                 raise c.RequestTimeout(f"strata: {method} {path}: timed out ({e})") from e

@@ -78,14 +78,16 @@ class Client:
         backoff = c.Backoff(self._retry_deadline)
         last_error: Optional[BaseException] = None
         status, payload = None, b""
-        attempt = 0
+        attempt, broken = 0, False
         while True:
             http = self._http[self._current]
             started = False
             attempt += 1
-            # A retry says so: a gateway then asks the nodes whether the
-            # first attempt (maybe through another gateway) reached one.
-            sent = dict(hdrs, **{"X-Strata-Attempt": str(attempt)}) if attempt > 1 else hdrs
+            # A retry after a broken connection says so: a gateway then asks
+            # the nodes whether an earlier attempt (maybe through another
+            # gateway, one that died) reached one. (After a refusal it
+            # did not: nothing to ask.)
+            sent = dict(hdrs, **{"X-Strata-Attempt": str(attempt)}) if broken else hdrs
             try:
                 kw = {"content": data, "params": params, "headers": sent}
                 if timeout is not None:
@@ -109,6 +111,7 @@ class Client:
                     raise SandboxError(f"strata: {method} {path}: the connection broke: {e}") from e
                 last_error = e
                 retry_after = None
+                broken = True
                 self._current = (self._current + 1) % len(self._http)  # the next gateway
             except httpx.TimeoutException as e:
                 raise c.RequestTimeout(f"strata: {method} {path}: timed out ({e})") from e

@@ -488,3 +488,20 @@ def test_only_a_gateway_credential_names_a_tenant(cluster):
         # A gateway answers health without a token (readiness probes).
         r = h.get(cluster.gateways[1].url + "/v1/health")
         assert r.status_code == 200 and r.json()["nodes"]["live"] == len(cluster.nodes), r.text
+
+
+def test_the_gateway_passes_refusals_on_as_the_node_gave_them(cluster):
+    import httpx
+    gw = cluster.gateways[0].url
+    auth = {"Authorization": "Bearer " + cluster.tenant}
+    with httpx.Client(verify=cluster.cert) as h:
+        # An upload the node refuses at once (no such sandbox there): the
+        # node's 404, not a gateway error, however much body follows.
+        r = h.put(gw + "/v1/sandboxes/sb-n1-000000000000/files", params={"path": "/tmp/x"}, headers=auth,
+                  content=b"x" * (4 << 20))
+        assert r.status_code == 404, r.text
+    # A path that a dot segment would make another call on the node (sent
+    # as it is: clients normally fold dot segments away).
+    out = run("curl", "-s", "--path-as-is", "--cacert", cluster.cert, "-H", auth["Authorization"].join(["Authorization: ", ""]),
+              "-o", "/dev/null", "-w", "%{http_code}", gw + "/v1/sandboxes/sb-n1-000000000000/../../keys?key=k").stdout
+    assert out == "400", out
