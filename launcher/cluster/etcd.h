@@ -46,8 +46,6 @@ class EtcdClient {
   Result<std::vector<KeyValue>> Prefix(const std::string& prefix);
   Result<std::optional<KeyValue>> Get(const std::string& key);
 
-  const std::vector<std::string>& endpoints() const { return endpoints_; }
-
  private:
   EtcdClient() = default;
   // POSTs `body` to `path` on a member that answers; the answer's JSON.

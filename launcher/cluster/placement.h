@@ -54,7 +54,6 @@ class Placer {
 
   // The main pool's utilisation now (0 with no main node).
   double MainUtilisation();
-  const PlacementPolicy& policy() const { return policy_; }
 
  private:
   struct Node {

@@ -35,7 +35,34 @@ def run(*argv, env=None, check=True):
     return subprocess.run(list(argv), capture_output=True, text=True, env=env, check=check)
 
 
-class ClusterNode:
+class Daemon:
+    """A launcher process of the cluster (a node or a gateway), in a session
+    of its own, its stderr in `self.log`."""
+
+    proc = None
+
+    def launch(self, argv, marker, env=None):
+        """Starts it and waits until its log says `marker` (20 s)."""
+        open(self.log, "w").close()
+        self.proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=open(self.log, "a"),
+                                     start_new_session=True)
+        deadline = time.time() + 20
+        while time.time() < deadline:
+            if marker in open(self.log).read():
+                return
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited: " + open(self.log).read())
+            time.sleep(0.02)
+        raise RuntimeError(f"{self.name} did not start: " + open(self.log).read())
+
+    def kill(self, sig=signal.SIGKILL):
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, sig)
+            self.proc.wait()
+        self.proc = None
+
+
+class ClusterNode(Daemon):
     """One node daemon: `launcher serve --node NAME --cluster ...` on its own
     loopback address, with every per-node setting of its own."""
 
@@ -64,23 +91,7 @@ class ClusterNode:
         return argv
 
     def start(self):
-        open(self.log, "w").close()
-        self.proc = subprocess.Popen(self.argv(), env=self.env, stdout=subprocess.DEVNULL, stderr=open(self.log, "a"),
-                                     start_new_session=True)
-        deadline = time.time() + 20
-        while time.time() < deadline:
-            if "serving on https" in open(self.log).read():
-                return
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"node {self.name} exited: " + open(self.log).read())
-            time.sleep(0.02)
-        raise RuntimeError(f"node {self.name} did not start: " + open(self.log).read())
-
-    def kill(self, sig=signal.SIGKILL):
-        if self.proc and self.proc.poll() is None:
-            os.killpg(self.proc.pid, sig)
-            self.proc.wait()
-        self.proc = None
+        self.launch(self.argv(), "serving on https", self.env)
 
     def sandboxes(self):
         """What the node itself holds (as root on its unix socket)."""
@@ -119,7 +130,7 @@ class ClusterNode:
             print(f"uppers directory left: {self.uppers}: {e}", file=sys.stderr)
 
 
-class GatewayProc:
+class GatewayProc(Daemon):
     def __init__(self, root, name, address, cluster, tokens, node_token, cert, key):
         self.name, self.address = name, address
         self.log = os.path.join(root, f"{name}.log")
@@ -130,22 +141,7 @@ class GatewayProc:
         self.url = f"https://{address}"
 
     def start(self):
-        open(self.log, "w").close()
-        self.proc = subprocess.Popen(self.argv, stdout=subprocess.DEVNULL, stderr=open(self.log, "a"), start_new_session=True)
-        deadline = time.time() + 20
-        while time.time() < deadline:
-            if "gateway serving on" in open(self.log).read():
-                return
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"gateway {self.name} exited: " + open(self.log).read())
-            time.sleep(0.02)
-        raise RuntimeError(f"gateway {self.name} did not start: " + open(self.log).read())
-
-    def kill(self, sig=signal.SIGKILL):
-        if self.proc and self.proc.poll() is None:
-            os.killpg(self.proc.pid, sig)
-            self.proc.wait()
-        self.proc = None
+        self.launch(self.argv, "gateway serving on")
 
 
 def free_port(host):
