@@ -407,4 +407,15 @@ Status AgentClient::Shutdown() {
   return OkStatus();
 }
 
+Status AgentClient::Freeze(bool freeze) {
+  STRATA_ASSIGN_OR_RETURN(int raw, Connect(kControlReplyTimeout));
+  UniqueFd fd(raw);
+  STRATA_RETURN_IF_ERROR(WriteFrame(fd.get(), Frame::kFreeze, json{{"freeze", freeze}}.dump()));
+  Frame type;
+  std::string payload;
+  STRATA_RETURN_IF_ERROR(ReadFrame(fd.get(), &type, &payload).Annotate(freeze ? "freeze" : "thaw"));
+  if (type != Frame::kOk) return ParseErrorFrame(payload);
+  return OkStatus();
+}
+
 }  // namespace strata::launcher

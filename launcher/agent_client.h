@@ -165,6 +165,8 @@ class AgentClient {
   Status SignalExec(const std::string& exec_id, int signal);
   // Asks the agent to kill everything and exit; the sandbox's init is gone after.
   Status Shutdown();
+  // A microVM's agent: freezes (or thaws) the upper disk's filesystem.
+  Status Freeze(bool freeze);
 
  private:
   Result<int> Connect(Duration reply_timeout = Duration{0});

@@ -24,6 +24,8 @@
 #include "launcher/container/upper_store.h"
 #include "layerctl/builder.h"
 #include "layerctl/dir_reader.h"
+#include "vmm/guest_files.h"
+#include "vmm/qemu.h"
 
 namespace strata::launcher {
 namespace {
@@ -390,6 +392,45 @@ DoctorCheck CheckFuseTimeout(bool fix) {
 
 }  // namespace
 
+// Which accelerator microVMs get: a probe guest (the agent as init, which
+// powers off when it finds no disks) booted under KVM, then TCG, each with
+// a deadline, so a /dev/kvm that opens but cannot run a stock guest (PVM)
+// never hangs a sandbox. The answer is recorded for the launcher.
+DoctorCheck CheckMicroVm(const NodeConfig& node) {
+  DoctorCheck c{"microvm", true, false, ""};
+  if (::access(node.vm_kernel.c_str(), R_OK) != 0) {
+    c.detail = "microVMs off: no guest kernel at " + node.vm_kernel + " (scripts/guest-kernel builds it)";
+    return c;
+  }
+  if (::access("/usr/bin/qemu-system-x86_64", X_OK) != 0) {
+    c.detail = "microVMs off: qemu-system-x86_64 is not installed (apt-get install qemu-system-x86)";
+    return c;
+  }
+  auto initramfs = vmm::EnsureInitramfs(node.agent_binary, node.vm_cache);
+  if (!initramfs.ok()) {
+    c.ok = false;
+    c.detail = initramfs.status().ToString();
+    return c;
+  }
+  std::string why;
+  for (const char* accel : {"kvm", "tcg"}) {
+    if (std::string(accel) == "kvm" && ::access("/dev/kvm", R_OK | W_OK) != 0) {
+      why = "no usable /dev/kvm; ";
+      continue;
+    }
+    Status probe = vmm::ProbeBoot(node.vm_kernel, *initramfs, accel, std::string(accel) == "kvm" ? std::chrono::seconds(10) : std::chrono::seconds(60));
+    if (probe.ok()) {
+      Status saved = WriteFileAtomic(node.vm_cache + "/accelerator", std::string(accel) + "\n", false);
+      c.detail = StrCat(why, "microVMs run under ", accel, " (a probe guest booted)", saved.ok() ? "" : "; " + saved.ToString());
+      return c;
+    }
+    why += probe.ToString() + "; ";
+  }
+  c.ok = false;
+  c.detail = why + "microVMs cannot run here";
+  return c;
+}
+
 std::vector<DoctorCheck> RunDoctor(const NodeConfig& node, const DoctorOptions& options) {
   std::vector<DoctorCheck> checks;
   checks.push_back({"root", ::geteuid() == 0, false, ::geteuid() == 0 ? "running as root" : "sandboxes need root"});
@@ -410,6 +451,7 @@ std::vector<DoctorCheck> RunDoctor(const NodeConfig& node, const DoctorOptions& 
   checks.push_back(CheckNodeLimits(options.fix));
   bool agent = !node.agent_binary.empty() && ::access(node.agent_binary.c_str(), X_OK) == 0;
   checks.push_back({"agent", agent, false, agent ? node.agent_binary : "strata-agent not found (set STRATA_AGENT)"});
+  if (agent) checks.push_back(CheckMicroVm(node));
   return checks;
 }
 

@@ -269,7 +269,7 @@ int main(int argc, char** argv) {
   auto sandbox_flags = [&](CLI::App* c) {
     c->add_option("--store", spec.store, "store URL (default: $STRATA_STORE, else /var/lib/strata/store)");
     c->add_option("--layer", spec.layers, "layer REF, bottom first (a diff alone brings its parents)")->required();
-    c->add_option("--backend", spec.backend, "container or fncall")->capture_default_str();
+    c->add_option("--backend", spec.backend, "container, fncall or microvm")->capture_default_str();
     c->add_option("--cpus", cpus, "CPU quota in cores (shares follow)");
     c->add_option("--memory", memory, "memory limit, e.g. 512M");
     c->add_option("--pids", pids, "process limit");
@@ -312,6 +312,8 @@ int main(int argc, char** argv) {
   ServeOptions serve_options;
   auto* serve = app.add_subcommand("serve", "run the node daemon (API on a unix socket) in the foreground");
   serve->add_option("--socket", serve_options.socket_path, "socket")->capture_default_str();
+  serve->add_option("--kernel", node.vm_kernel, "microVMs' guest kernel, an uncompressed vmlinux (STRATA_VM_KERNEL)")
+      ->capture_default_str();
   serve->add_option("--state", serve_options.state_dir, "state directory (LMDB registry)")->capture_default_str();
   serve->add_option("--allow-group", serve_options.allow_group, "also allow members of this group (as the operator)");
   serve->add_option("--tokens", serve_options.tokens_file, "tenants and their token hashes (launcher token new)");

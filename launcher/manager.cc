@@ -1013,10 +1013,12 @@ Result<json> SandboxManager::Snapshot(const std::string& id, const std::string& 
   std::optional<UpperVolume> snapshot;
   std::vector<std::string> parents;
   std::string store_url;
+  bool microvm = false;
   const auto start = std::chrono::steady_clock::now();
   {
     std::lock_guard lock(entry->mu);
     STRATA_ASSIGN_OR_RETURN(auto sb, Container(*entry, "snapshot"));
+    microvm = sb->spec().backend == "microvm";
     STRATA_ASSIGN_OR_RETURN(UpperVolume captured, sb->CaptureUpper());
     snapshot.emplace(std::move(captured));
     for (const auto& layer : sb->layers()) parents.push_back(layer.digest.Hex());
@@ -1035,12 +1037,29 @@ Result<json> SandboxManager::Snapshot(const std::string& id, const std::string& 
   const double frozen_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   STRATA_ASSIGN_OR_RETURN(auto store, cache::OpenStore(store_url));
   cache::Catalog catalog(store);
-  auto report = packdiff::PackUpper({.upper = snapshot->upper(),
-                                     .parents = parents,
-                                     .tag = ref,
-                                     .excludes = std::move(excludes),
-                                     .id_shift = packdiff::IdShift{node_.idmap.host, node_.idmap.size}},
+  // A container's upper is a directory with the node's mapped ids; a
+  // microVM's is inside its disk image, with the guest's own ids.
+  std::string upper = snapshot->upper();
+  packdiff::IdShift shift{node_.idmap.host, node_.idmap.size};
+  MountPoint disk;
+  if (microvm) {
+    auto mounted = MountVmDisk(snapshot->path() + "/disk.img", StrCat(node_.run_dir, "/", id, "/snapshot-", snapshot_seq_++));
+    if (!mounted.ok()) {
+      snapshot->Destroy().IgnoreError();
+      return mounted.status().Annotate(StrCat("snapshot sandbox ", id));
+    }
+    disk = std::move(*mounted);
+    upper = disk.target() + "/upper";
+    shift = packdiff::IdShift{0, 65536};
+  }
+  auto report = packdiff::PackUpper({.upper = upper, .parents = parents, .tag = ref, .excludes = std::move(excludes), .id_shift = shift},
                                     catalog);
+  if (disk.mounted()) {
+    const std::string at = disk.target();
+    Status unmounted = disk.Unmount();
+    if (!unmounted.ok()) STRATA_LOG(kWarn) << "snapshot of " << id << ": " << unmounted.ToString();
+    ::rmdir(at.c_str());
+  }
   Status removed = snapshot->Destroy();
   if (!report.ok()) return report.status().Annotate(StrCat("snapshot sandbox ", id));
   if (!removed.ok()) STRATA_LOG(kWarn) << "snapshot of " << id << ": " << removed.ToString();

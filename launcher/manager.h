@@ -219,6 +219,7 @@ class SandboxManager {
   std::unique_ptr<IdempotencyKeys> keys_;
 
   // Metrics.
+  std::atomic<uint64_t> snapshot_seq_{0};  // names of snapshot mount points
   std::atomic<uint64_t> creations_{0}, creation_failures_{0}, destructions_{0}, execs_{0}, snapshots_{0};
   std::mutex latency_mu_;
   std::vector<double> exec_ms_;  // recent exec latencies (a ring)

@@ -855,7 +855,13 @@ Result<json> Daemon::Handle(const ControlRequest& request) {
         return h.status();
       }
       taken.push_back(h->digest);
-      layers.push_back({{"digest", h->digest.Hex()}, {"path", h->path}, {"mode", MountModeName(h->mode)}});
+      json layer = {{"digest", h->digest.Hex()}, {"path", h->path}, {"mode", MountModeName(h->mode)}};
+      // The files the EROFS mount reads (a microVM's disks read them too).
+      if (h->mode == MountMode::kKernel) {
+        layer["meta"] = fs_->MetaPath(h->digest);
+        layer["blob"] = fs_->BlobPath(h->digest);
+      }
+      layers.push_back(std::move(layer));
     }
     json answer = layers.size() == 1 ? layers[0] : json::object();
     answer["layers"] = layers;

@@ -36,15 +36,17 @@ void Guard(fuse_req_t req, F&& body) {
   }
 }
 
+// Root's only (the mount is allow_other for microVMs' descriptors, and
+// default_permissions holds every other user to these modes).
 struct stat StatOf(const LayerFs::Node* node) {
   struct stat st{};
   if (!node) {
     st.st_ino = FUSE_ROOT_ID;
-    st.st_mode = S_IFDIR | 0555;
+    st.st_mode = S_IFDIR | 0500;
     st.st_nlink = 2;
   } else {
     st.st_ino = node->ino;
-    st.st_mode = S_IFREG | 0444;
+    st.st_mode = S_IFREG | 0400;
     st.st_nlink = 1;
     st.st_size = static_cast<off_t>(node->size);
     st.st_blocks = static_cast<blkcnt_t>((node->size + 511) / 512);
@@ -189,9 +191,13 @@ const fuse_lowlevel_ops kOps = [] {
 }  // namespace
 
 namespace {
+// allow_other: a microVM's QEMU, jailed as its own uid, reads a layer's
+// files through descriptors root opened, and FUSE refuses every request
+// (even fstat) of another uid without it. The mount point stays in the
+// daemon's 0700 state directory, so no other user reaches it by path.
 FuseMountOptions LayerFsOptions() {
   FuseMountOptions options;
-  options.options = {"fsname=lazyfs", "subtype=strata", "default_permissions"};
+  options.options = {"fsname=lazyfs", "subtype=strata", "default_permissions", "allow_other"};
   return options;
 }
 }  // namespace

@@ -1,6 +1,8 @@
 // The agent: requests in, processes out.
 #include "launcher/agent/agent.h"
 
+#include "launcher/agent/vm_init.h"
+
 #include <fcntl.h>
 #include <linux/capability.h>
 #include <linux/filter.h>
@@ -1312,11 +1314,24 @@ void Agent::HandleRequest(int fd) {
       }
       ::kill(-1, SIGKILL);  // as PID 1: every other process of the sandbox
       WriteFrame(conn.get(), Frame::kOk, "{}").IgnoreError();
+      if (power_off_) power_off_();
       ::_exit(0);
     }
+    case Frame::kFreeze:
+      if (!power_off_) {
+        s = SendError(conn.get(), Error(ENOTSUP, "freeze: only a microVM's agent freezes its upper disk"));
+        break;
+      }
+      s = FreezeUpper(req->value("freeze", true));
+      s = s.ok() ? WriteFrame(conn.get(), Frame::kOk, "{}") : SendError(conn.get(), s);
+      break;
     default: s = SendError(conn.get(), Error(EPROTO, "agent: unknown request type"));
   }
   (void)s;  // a failed send means the launcher went away; nothing to tell it
+}
+
+void Agent::ServeConnection(UniqueFd conn) {
+  std::thread([this, fd = conn.release()] { HandleConnection(UniqueFd(fd)); }).detach();
 }
 
 Status Agent::Serve(int listen_fd) {

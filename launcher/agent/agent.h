@@ -33,6 +33,12 @@ class Agent {
   Status Serve(int listen_fd);
   // Reaps children forever; run it on its own thread.
   void ReapLoop();
+  // Serves one connection the caller accepted (a microVM's channel hands
+  // each of its streams over this way), on a thread of its own.
+  void ServeConnection(UniqueFd conn);
+  // The agent is a microVM's init: a shutdown request ends with
+  // `power_off` (not an exit), and freeze requests are honoured.
+  void SetMicroVm(std::function<void()> power_off) { power_off_ = std::move(power_off); }
 
  private:
   // The most detached commands kept at once; finished ones are forgotten,
@@ -88,6 +94,7 @@ class Agent {
   bool shutting_down_ = false;
   std::string call_seccomp_;
   std::vector<int> command_cgroups_;
+  std::function<void()> power_off_;  // set in a microVM
   std::mutex detached_mu_;
   std::map<std::string, std::shared_ptr<Detached>> detached_;
   uint64_t detached_seq_ = 0;

@@ -1,5 +1,7 @@
 // strata-agent: the in-sandbox agent (static; runs as the sandbox's init).
-//   strata-agent, its listening unix socket as descriptor 3
+//   strata-agent, its listening unix socket as descriptor 3 (a container)
+//   /init of a microVM's initramfs (no descriptor 3): it builds the root
+//   from the VM's disks and serves over its virtio-serial port
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -12,13 +14,57 @@
 #include <thread>
 #include <vector>
 
+#include <poll.h>
+
+#include "common/stream_mux.h"
 #include "launcher/agent/agent.h"
+#include "launcher/agent/vm_init.h"
 
 namespace {
 constexpr int kListenFd = 3;
+
+[[noreturn]] void Fatal(const strata::Status& s) {
+  std::fprintf(stderr, "strata-agent: %s\n", s.ToString().c_str());
+  strata::launcher::PowerOff();
+}
+
+// A microVM's init: the root from the disks, then every stream of the
+// channel served as a connection. The host may go away and come back (a
+// daemon restart): its streams end, detached commands run on.
+[[noreturn]] void MicroVmMain() {
+  using namespace strata;
+  ::signal(SIGPIPE, SIG_IGN);
+  auto root = launcher::BootMicroVm();
+  if (!root.ok()) Fatal(root.status());
+  static launcher::Agent agent({root->command_cgroup.release()});
+  agent.SetMicroVm([] {
+    ::sync();
+    ::usleep(100000);  // the answer leaves through the channel first
+    launcher::PowerOff();
+  });
+  std::thread([] { agent.ReapLoop(); }).detach();
+  StreamMux mux({.host = false, .open_local = []() -> Result<UniqueFd> {
+                   int pair[2];
+                   if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) != 0) return ErrnoError(errno, "socketpair");
+                   agent.ServeConnection(UniqueFd(pair[1]));
+                   return UniqueFd(pair[0]);
+                 }});
+  std::fprintf(stderr, "strata-agent: ready\n");
+  while (true) {
+    Status s = mux.Run(root->port.get());
+    if (!s.ok()) std::fprintf(stderr, "strata-agent: channel: %s\n", s.ToString().c_str());
+    // Until the host is back, the port reports a hang-up on every poll.
+    while (true) {
+      pollfd p{root->port.get(), POLLIN, 0};
+      if (::poll(&p, 1, -1) > 0 && !(p.revents & POLLHUP)) break;
+      ::usleep(50000);
+    }
+  }
+}
 }  // namespace
 
 int main(int argc, char**) {
+  if (argc == 1 && strata::launcher::InMicroVm()) MicroVmMain();
   if (argc != 1) {
     std::fprintf(stderr, "usage: strata-agent (with its listening unix socket as descriptor 3)\n");
     return 2;

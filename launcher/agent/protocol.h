@@ -21,8 +21,8 @@ namespace strata::launcher {
 // "kill_leftovers", and directory trees (kPutTree, kGetTree). 3 added file
 // rules ("files", "grader" on kExec; "in_place" on kPut) and the whole-tree
 // kill_leftovers; an older agent ignores them, so the launcher refuses
-// rules for it.
-inline constexpr int kAgentProtocolVersion = 3;
+// rules for it. 4 added kFreeze (microVMs).
+inline constexpr int kAgentProtocolVersion = 4;
 
 enum class Frame : uint8_t {
   // launcher -> agent
@@ -47,6 +47,8 @@ enum class Frame : uint8_t {
                   // file), then kTreeEnd -> kOk {"entries": N}
   kGetTree = 14,  // {"path": "/dir"} -> kOk {}, per entry kTreeEntry (+ kData... kDataEnd
                   // for a file), then kTreeEnd; or kError
+  kFreeze = 15,   // {"freeze": bool} -> kOk {}: a microVM's agent freezes (or thaws)
+                  // the upper disk's filesystem for a snapshot taken outside
 
   // agent -> launcher
   kStdout = 16,   // bytes the command wrote, up to the cap

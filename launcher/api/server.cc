@@ -87,8 +87,8 @@ Result<SandboxSpec> ParseSpec(const json& j) {
     spec.layers = j.at("layers").get<std::vector<std::string>>();
     spec.store = j.value("store", "");
     spec.backend = j.value("backend", "container");
-    if (spec.backend != "container" && spec.backend != "fncall") {
-      return Error(EINVAL, "create: backend must be container or fncall, not " + Quote(spec.backend));
+    if (spec.backend != "container" && spec.backend != "fncall" && spec.backend != "microvm") {
+      return Error(EINVAL, "create: backend must be container, fncall or microvm, not " + Quote(spec.backend));
     }
     spec.limits.cpus = j.value("cpus", 0.0);
     spec.limits.pids = j.value("pids", int64_t{0});
@@ -441,6 +441,10 @@ Status LauncherServer::Register() {
   node.labels = c.labels;
   node.backends = {"container", "fncall"};
   node.accelerator = "none";
+  if (::access(manager_.node().vm_kernel.c_str(), R_OK) == 0 && !manager_.node().jail_binary.empty()) {
+    node.backends.push_back("microvm");
+    node.accelerator = manager_.node().vm_accel;
+  }
   node.slots = options_.max_sandboxes;
   node.cpus = static_cast<int64_t>(std::thread::hardware_concurrency());
   node.memory = options_.memory_capacity;

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <fstream>
 #include <mutex>
 #include <random>
@@ -21,6 +22,7 @@
 #include "common/unix_socket.h"
 #include "launcher/container/seccomp.h"
 #include "lazyfs/client.h"
+#include "vmm/guest_files.h"
 
 namespace strata::launcher {
 
@@ -187,6 +189,23 @@ NodeConfig NodeConfig::FromEnvironment() {
       }
     }
   }
+  if (auto v = env("STRATA_VM_KERNEL"); !v.empty()) n.vm_kernel = v;
+  if (auto v = env("STRATA_VM_ACCEL"); !v.empty()) n.vm_accel = v;
+  if (auto v = env("STRATA_JAIL"); !v.empty()) n.jail_binary = v;
+  if (n.vm_accel.empty()) {
+    // What `launcher doctor` found by booting a probe guest.
+    auto found = ReadFileToString(JoinPath(n.vm_cache, "accelerator"));
+    n.vm_accel = found.ok() && found->rfind("kvm", 0) == 0 ? "kvm" : "tcg";
+  }
+  if (n.jail_binary.empty()) {
+    for (const std::string& candidate : {SelfDir() + "/strata-jail", SelfDir() + "/../vmm/strata-jail",
+                                         std::string("/usr/local/lib/strata/strata-jail")}) {
+      if (::access(candidate.c_str(), X_OK) == 0) {
+        n.jail_binary = candidate;
+        break;
+      }
+    }
+  }
   return n;
 }
 
@@ -257,7 +276,10 @@ Status Sandbox::Start(const SandboxSpec& spec) {
   //    range; the whole stack in one request (the daemon starts on first use).
   json refs = json::array();
   for (const auto& layer : stack_) refs.push_back(layer.digest.Hex());
-  const json acquire = {{"refs", refs}, {"store", store->url()}, {"holder", id_}, {"idmap", node_.idmap.ToString()}};
+  const bool microvm = spec.backend == "microvm";
+  // A guest reads the layer files as they are (its root is root): no idmapped view.
+  json acquire = {{"refs", refs}, {"store", store->url()}, {"holder", id_}};
+  if (!microvm) acquire["idmap"] = node_.idmap.ToString();
   lazyfs::Client lazyfs(node_.lazyfs_socket);
   // Recorded first: a launcher killed now leaves a sweep something to release.
   state["layers"] = refs;
@@ -274,6 +296,10 @@ Status Sandbox::Start(const SandboxSpec& spec) {
     acquired = lazyfs.Call("acquire", acquire);
   }
   if (!acquired.ok()) return acquired.status().Annotate("mount layers");
+  if (microvm) {
+    timer.Step("acquire layers from lazyfs");
+    return StartMicroVm(spec, (*acquired)["layers"]);
+  }
   std::vector<std::string> lowers;  // top first, as overlayfs wants them
   for (const auto& layer : (*acquired)["layers"]) {
     lowers.insert(lowers.begin(), layer["path"].get<std::string>());
@@ -483,8 +509,84 @@ Status Sandbox::CheckAgentFor(const ExecRequest& request) {
 
 Result<ExecResult> Sandbox::Exec(ExecRequest request, const OutputSink& sink) {
   FillDefaults(request);
+  STRATA_RETURN_IF_ERROR(VmGone());
   STRATA_RETURN_IF_ERROR(CheckAgentFor(request));
-  return agent_->Exec(request, sink);
+  auto result = agent_->Exec(request, sink);
+  if (!result.ok()) {
+    Status gone = VmGone();
+    if (!gone.ok()) return gone;
+  }
+  return result;
+}
+
+Status Sandbox::VmGone() const {
+  if (!vm_ || vm_->Running()) return OkStatus();
+  std::string why = vm_->Why();
+  if (size_t nl = why.find_last_of('\n', why.size() > 1 ? why.size() - 2 : 0); nl != std::string::npos && why.size() > 300) {
+    why = why.substr(why.size() - 300);
+  }
+  return Error(EHOSTDOWN, StrCat("sandbox ", id_, ": its microVM is gone (QEMU exited)", why.empty() ? "" : "; its console ended: " + why));
+}
+
+Status Sandbox::StartMicroVm(const SandboxSpec& spec, const json& layers) {
+  StepTimer timer(id_);
+  if (spec.network.routed()) {
+    return Error(ENOTSUP, StrCat("network mode ", NetModeName(spec.network.mode), ": microVMs have no network device yet (loopback only)"));
+  }
+  if (spec.network.mode == NetMode::kHost) return Error(ENOTSUP, "network mode host: a microVM cannot share the node's network");
+  if (layers.size() > kMaxVmLayers) {
+    return Error(E2BIG, StrCat("microVM: ", layers.size(), " layers; a microVM takes at most ", kMaxVmLayers,
+                               " (two disks each, in microvm's 24 virtio-mmio slots): squash some with packdiff"));
+  }
+  if (node_.jail_binary.empty()) return Error(ENOENT, "find strata-jail: not beside the launcher nor in /usr/local/lib/strata (set STRATA_JAIL)");
+  MicroVmSpec vm;
+  vm.id = id_;
+  vm.dir = dir_;
+  vm.agent_socket = dir_ + "/agent/" + kAgentSocketName;
+  for (const auto& layer : layers) {
+    if (!layer.contains("meta") || !layer.contains("blob")) {
+      return Error(EPROTO, "microVM: the lazyfs daemon did not name the layer's files (an older lazyfs: upgrade it)");
+    }
+    vm.layers.push_back({layer["meta"].get<std::string>(), layer["blob"].get<std::string>()});
+  }
+  // The upper disk: a ready-made ext4 image of --disk bytes, reflinked into
+  // a volume of its own (whose quota allows the image and some metadata).
+  STRATA_ASSIGN_OR_RETURN(UpperStore uppers, UpperStore::Open(node_.uppers));
+  STRATA_ASSIGN_OR_RETURN(std::string image, vmm::EnsureExt4Template(node_.uppers + "/.vm-templates", spec.disk));
+  STRATA_ASSIGN_OR_RETURN(UpperVolume volume, uppers.Create(id_, spec.disk + (uint64_t{64} << 20), 0, 0));
+  upper_.emplace(std::move(volume));
+  vm.upper_disk = upper_->path() + "/disk.img";
+  STRATA_RETURN_IF_ERROR(vmm::CloneFile(image, vm.upper_disk).Annotate("microVM upper disk"));
+  timer.Step("upper disk");
+  STRATA_ASSIGN_OR_RETURN(vm.initramfs, vmm::EnsureInitramfs(node_.agent_binary, node_.vm_cache));
+  vm.kernel = node_.vm_kernel;
+  vm.jail_binary = node_.jail_binary;
+  vm.accel = node_.vm_accel;
+  vm.cpus = spec.limits.cpus > 0 ? static_cast<int>(std::ceil(spec.limits.cpus)) : 1;
+  vm.cpu_quota = spec.limits.cpus;
+  vm.memory = spec.limits.memory;
+  vm.cgroup = node_.cgroup_parent + "/" + id_;
+  STRATA_RETURN_IF_ERROR(SaveState({{"vm", {{"accel", vm.accel}, {"kernel", vm.kernel}}}}));
+  STRATA_ASSIGN_OR_RETURN(vm_, MicroVm::Start(vm));
+  timer.Step("start the guest");
+  agent_ = std::make_unique<AgentClient>(vm.agent_socket);
+  agent_->SetRulePaths(spec.files);
+  // Booting under TCG on a busy node takes seconds; a guest that died
+  // fails at once, with its console's last words.
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(90);
+  Status ready;
+  while (true) {
+    STRATA_RETURN_IF_ERROR(VmGone().Annotate("boot"));
+    ready = agent_->WaitReady(std::chrono::seconds(2));
+    if (ready.ok() || std::chrono::steady_clock::now() > until) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  if (!ready.ok()) {
+    std::string why = vm_->Why();
+    return Error(ETIMEDOUT, StrCat("microVM: the guest's agent did not answer within 90 s", why.empty() ? "" : "; its console: " + why));
+  }
+  timer.Step("boot the guest");
+  return OkStatus();
 }
 
 std::string Sandbox::CgroupDir(const std::string& controller) const {
@@ -492,6 +594,15 @@ std::string Sandbox::CgroupDir(const std::string& controller) const {
 }
 
 bool Sandbox::OomKilled() const {
+  if (vm_) {
+    // The guest's own OOM killer (its RAM is the limit): its counter.
+    auto vmstat = agent_->Get("/proc/vmstat");
+    if (!vmstat.ok()) return false;
+    for (const auto& line : Split(*vmstat, '\n')) {
+      if (line.rfind("oom_kill ", 0) == 0) return std::strtoull(line.c_str() + 9, nullptr, 10) > 0;
+    }
+    return false;
+  }
   for (const auto& [file, key] : {std::pair{CgroupDir("memory") + "/" + kCommandCgroup + "/memory.oom_control", "oom_kill"},
                                   std::pair{CgroupDir("memory") + "/memory.oom_control", "oom_kill"},
                                   std::pair{StrCat("/sys/fs/cgroup/", node_.cgroup_parent, "/", id_, "/memory.events"), "oom_kill"}}) {
@@ -520,8 +631,16 @@ Status Sandbox::Destroy() {
       if (first.ok()) first = std::move(s);
     }
   };
-  // The container: ask the agent to end it, then make sure.
-  if (node_.managed && !dir_.empty()) {
+  // The guest: the agent powers it off; QEMU is killed if it does not.
+  if (vm_) {
+    if (vm_->Running() && agent_) agent_->Shutdown().IgnoreError();
+    note(vm_->Stop());
+    vm_.reset();
+    timer.Step("stop the microVM");
+  } else if (spec_.backend == "microvm") {
+    // (Adopted without its guest, or failed before it started: QEMU is
+    // killed with its cgroups below.)
+  } else if (node_.managed && !dir_.empty()) {
     if (agent_) agent_->Shutdown().IgnoreError();
     runtime_.reset();
     RunCommand({.argv = {node_.runtime, "delete", "--force", id_}, .timeout = std::chrono::seconds(10)}).status().IgnoreError();
@@ -538,7 +657,7 @@ Status Sandbox::Destroy() {
   if (!id_.empty() && !dir_.empty()) {
     // `run` deletes the container when its init exits; if the runtime died
     // first its state is still there.
-    if (::access(StrCat("/run/", Basename(node_.runtime), "/", id_).c_str(), F_OK) == 0) {
+    if (spec_.backend != "microvm" && ::access(StrCat("/run/", Basename(node_.runtime), "/", id_).c_str(), F_OK) == 0) {
       RunCommand({.argv = {node_.runtime, "delete", "--force", id_}, .timeout = std::chrono::seconds(10)}).status().IgnoreError();
     }
     RemoveCgroups(node_.cgroup_parent + "/" + id_);
@@ -624,11 +743,20 @@ Result<std::unique_ptr<Sandbox>> Sandbox::Adopt(const std::string& id, const Nod
   }
   sb->agent_ = std::make_unique<AgentClient>(sb->dir_ + "/agent/" + kAgentSocketName);
   sb->agent_->SetRulePaths(sb->spec_.files);
+  if (sb->spec_.backend == "microvm") {
+    // Its guest, and a relay for its channel in this process. A guest that
+    // is gone leaves a sandbox whose calls fail and whose destroy cleans up.
+    auto vm = MicroVm::Adopt(sb->dir_, sb->dir_ + "/agent/" + kAgentSocketName);
+    if (vm.ok()) sb->vm_ = std::move(*vm);
+    else STRATA_LOG(kWarn) << "adopt sandbox " << id << ": " << vm.status().ToString();
+  }
   return sb;
 }
 
 void Sandbox::Release() {
   destroyed_ = true;
+  if (vm_) vm_->Release();
+  vm_.reset();
   overlay_.Release();
   if (upper_) upper_->Release();
   upper_.reset();
@@ -638,6 +766,10 @@ void Sandbox::Release() {
 }
 
 bool Sandbox::Alive() {
+  if (spec_.backend == "microvm") {
+    if (!vm_ || !vm_->Running()) return false;
+    return paused_ || (agent_ && agent_->Ping().ok());
+  }
   if (paused_) {
     // A frozen agent cannot answer: ask the runtime instead.
     auto state = RunCommand({.argv = {node_.runtime, "state", id_}, .timeout = std::chrono::seconds(10)});
@@ -649,6 +781,12 @@ bool Sandbox::Alive() {
 }
 
 Status Sandbox::Pause() {
+  if (vm_) {
+    STRATA_RETURN_IF_ERROR(VmGone());
+    STRATA_RETURN_IF_ERROR(vm_->Pause().Annotate("pause sandbox " + id_));
+    paused_ = true;
+    return SaveState({{"paused", true}});
+  }
   STRATA_RETURN_IF_ERROR(RunChecked({.argv = {node_.runtime, "pause", id_}, .timeout = std::chrono::seconds(30)},
                                     "pause sandbox " + id_).status());
   paused_ = true;
@@ -656,6 +794,12 @@ Status Sandbox::Pause() {
 }
 
 Status Sandbox::Resume() {
+  if (vm_) {
+    STRATA_RETURN_IF_ERROR(VmGone());
+    STRATA_RETURN_IF_ERROR(vm_->Resume().Annotate("resume sandbox " + id_));
+    paused_ = false;
+    return SaveState({{"paused", false}});
+  }
   STRATA_RETURN_IF_ERROR(RunChecked({.argv = {node_.runtime, "resume", id_}, .timeout = std::chrono::seconds(30)},
                                     "resume sandbox " + id_).status());
   paused_ = false;
@@ -665,10 +809,27 @@ Status Sandbox::Resume() {
 Result<UpperVolume> Sandbox::CaptureUpper() {
   if (!upper_) return Error(ENOTSUP, StrCat("snapshot: sandbox ", id_, " has no upper volume"));
   STRATA_ASSIGN_OR_RETURN(UpperStore store, UpperStore::Open(node_.uppers));
+  const std::string name = StrCat(id_, "-", std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                std::chrono::system_clock::now().time_since_epoch()).count());
+  if (vm_) {
+    // The guest's filesystem frozen (its dirty pages written), the disk
+    // image reflinked by a btrfs snapshot, thawed. A paused guest cannot
+    // freeze: it runs for as long as that takes.
+    STRATA_RETURN_IF_ERROR(VmGone());
+    const bool was_paused = paused_;
+    if (was_paused) STRATA_RETURN_IF_ERROR(vm_->Resume().Annotate("snapshot: resume for the freeze"));
+    Status frozen = agent_->Freeze(true);
+    auto snapshot = frozen.ok() ? store.Snapshot(*upper_, name) : Result<UpperVolume>(frozen.Annotate("snapshot: freeze the guest's upper disk"));
+    if (frozen.ok()) {
+      Status thawed = agent_->Freeze(false);
+      if (!thawed.ok()) return thawed.Annotate("snapshot: thaw the guest's upper disk");
+    }
+    if (was_paused) STRATA_RETURN_IF_ERROR(vm_->Pause().Annotate("snapshot: pause again"));
+    return snapshot;
+  }
   const bool was_paused = paused_;
   if (!was_paused) STRATA_RETURN_IF_ERROR(Pause());
-  auto snapshot = store.Snapshot(*upper_, StrCat(id_, "-", std::chrono::duration_cast<std::chrono::milliseconds>(
-                                                             std::chrono::system_clock::now().time_since_epoch()).count()));
+  auto snapshot = store.Snapshot(*upper_, name);
   if (!was_paused) {
     Status resumed = Resume();
     if (!resumed.ok()) return resumed.Annotate("thaw after the snapshot");

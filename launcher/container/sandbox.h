@@ -19,6 +19,7 @@
 #include "launcher/container/oci_config.h"
 #include "launcher/container/upper_store.h"
 #include "launcher/net/node_network.h"
+#include "launcher/vm/microvm.h"
 
 namespace strata::launcher {
 
@@ -43,6 +44,13 @@ struct NodeConfig {
   // Sandbox networks (modes allow and open): the daemon's; null elsewhere.
   std::shared_ptr<NodeNetwork> network;
   std::string network_off_reason;  // why `network` is null in a daemon
+  // microVMs: the guest kernel (vmlinux), the accelerator ("kvm" or
+  // "tcg", as `launcher doctor` found), strata-jail, and where the
+  // initramfs is cached.
+  std::string vm_kernel = "/var/cache/strata/guest-kernel/vmlinux";
+  std::string vm_accel;  // empty: what doctor recorded, else tcg
+  std::string jail_binary;
+  std::string vm_cache = "/var/cache/strata/vm";
 
   // Fills the defaults that depend on the environment (STRATA_* variables,
   // the agent's location).
@@ -52,7 +60,7 @@ struct NodeConfig {
 struct SandboxSpec {
   std::string id;                   // empty: a new random "sb-..." id
   std::vector<std::string> layers;  // REFs, bottom first
-  std::string backend = "container";  // or "fncall"
+  std::string backend = "container";  // or "fncall", "microvm"
   std::string store;                // empty: $STRATA_STORE or the default
   ContainerLimits limits;
   uint64_t disk = uint64_t{10} << 30;
@@ -132,6 +140,11 @@ class Sandbox {
  private:
   Sandbox() = default;
   Status Start(const SandboxSpec& spec);
+  // The microVM back end's steps 3-6 (the layers are acquired): an upper
+  // disk, the guest, its agent.
+  Status StartMicroVm(const SandboxSpec& spec, const nlohmann::json& layers);
+  // An error for a call on a microVM whose guest is gone (null if it runs).
+  Status VmGone() const;
   std::string CgroupDir(const std::string& controller) const;
   // Merges `changes` into state.json.
   Status SaveState(const nlohmann::json& changes);
@@ -148,14 +161,19 @@ class Sandbox {
   MountPoint overlay_;
   std::optional<Subprocess> runtime_;
   std::unique_ptr<AgentClient> agent_;
+  std::unique_ptr<MicroVm> vm_;       // the microVM back end's guest
   bool destroyed_ = false;
   std::atomic<int> agent_version_{0};  // its ping's, once asked
 };
+
+// What a microVM takes beside its guest RAM (QEMU; vmm::QemuOverhead under TCG).
+inline constexpr uint64_t kVmOverheadCommit = uint64_t{160} << 20;
 
 // What a container sandbox of `spec` takes of the node's memory capacity:
 // its cgroup's limit, the memory limit and the agent's reserve beside it;
 // none without a limit (and none for a function call, whose pool holds it).
 inline uint64_t MemoryCommit(const SandboxSpec& spec) {
+  if (spec.backend == "microvm") return (spec.limits.memory ? spec.limits.memory : kDefaultVmMemory) + kVmOverheadCommit;
   return spec.limits.memory > 0 && spec.backend == "container" ? spec.limits.memory + kAgentReserveMemory : 0;
 }
 

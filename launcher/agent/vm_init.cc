@@ -1,0 +1,233 @@
+// A microVM boots the kernel straight into the initramfs, whose /init is
+// this agent. Disks are found by their serial numbers, not by probe order.
+#include "launcher/agent/vm_init.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <linux/fs.h>
+#include <net/if.h>
+#include <sys/ioctl.h>
+#include <sys/mount.h>
+#include <sys/reboot.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "common/fs.h"
+#include "common/strings.h"
+
+namespace strata::launcher {
+
+namespace {
+
+constexpr const char* kNewRoot = "/mnt/root";
+constexpr const char* kUpperMount = "/mnt/upper";
+// Where the upper disk stays reachable after the switch (for freezing).
+constexpr const char* kUpperKeep = "/.strata/upper";
+
+Status Mount(const char* source, const std::string& target, const char* type, unsigned long flags, const std::string& data,
+             const std::string& step) {
+  STRATA_RETURN_IF_ERROR(MakeDirs(target, 0755).Annotate(step));
+  if (::mount(source, target.c_str(), type, flags, data.empty() ? nullptr : data.c_str()) != 0) {
+    return ErrnoError(errno, StrCat(step, ": mount ", type ? type : "", " ", source ? source : "", " on ", target,
+                                    data.empty() ? "" : " (" + data + ")"));
+  }
+  return OkStatus();
+}
+
+std::map<std::string, std::string> KernelParameters() {
+  std::map<std::string, std::string> params;
+  auto text = ReadFileToString("/proc/cmdline");
+  if (!text.ok()) return params;
+  for (const auto& word : Split(*text, ' ')) {
+    std::string w = word;
+    while (!w.empty() && (w.back() == '\n' || w.back() == '\r')) w.pop_back();
+    size_t eq = w.find('=');
+    if (w.rfind("strata.", 0) == 0 && eq != std::string::npos) params[w.substr(7, eq - 7)] = w.substr(eq + 1);
+  }
+  return params;
+}
+
+// serial -> /dev/vdX
+std::map<std::string, std::string> DisksBySerial() {
+  std::map<std::string, std::string> disks;
+  DIR* dir = ::opendir("/sys/block");
+  if (!dir) return disks;
+  while (dirent* e = ::readdir(dir)) {
+    std::string name = e->d_name;
+    if (name.rfind("vd", 0) != 0) continue;
+    auto serial = ReadFileToString("/sys/block/" + name + "/serial");
+    if (!serial.ok()) continue;
+    std::string s = *serial;
+    while (!s.empty() && (s.back() == '\n' || s.back() == ' ' || s.back() == '\0')) s.pop_back();
+    disks[s] = "/dev/" + name;
+  }
+  ::closedir(dir);
+  return disks;
+}
+
+// The /dev a container gets: a tmpfs with the usual nodes, devpts, shm.
+Status MakeDev(const std::string& dev) {
+  STRATA_RETURN_IF_ERROR(Mount("tmpfs", dev, "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=0755,size=65536k", "make /dev"));
+  struct Node {
+    const char* name;
+    unsigned major, minor;
+  };
+  for (const Node& n : {Node{"null", 1, 3}, Node{"zero", 1, 5}, Node{"full", 1, 7}, Node{"random", 1, 8},
+                        Node{"urandom", 1, 9}, Node{"tty", 5, 0}}) {
+    const std::string path = dev + "/" + n.name;
+    if (::mknod(path.c_str(), S_IFCHR | 0666, makedev(n.major, n.minor)) != 0) return ErrnoError(errno, "make /dev: mknod " + path);
+    ::chmod(path.c_str(), 0666);
+  }
+  STRATA_RETURN_IF_ERROR(Mount("devpts", dev + "/pts", "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620",
+                               "make /dev"));
+  STRATA_RETURN_IF_ERROR(Mount("shm", dev + "/shm", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "mode=1777,size=65536k", "make /dev"));
+  for (const auto& [link, target] : {std::pair{"ptmx", "pts/ptmx"}, std::pair{"fd", "/proc/self/fd"},
+                                     std::pair{"stdin", "/proc/self/fd/0"}, std::pair{"stdout", "/proc/self/fd/1"},
+                                     std::pair{"stderr", "/proc/self/fd/2"}}) {
+    if (::symlink(target, (dev + "/" + link).c_str()) != 0) return ErrnoError(errno, StrCat("make /dev: symlink ", link));
+  }
+  return OkStatus();
+}
+
+void LoopbackUp() {
+  int s = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (s < 0) return;
+  ifreq ifr{};
+  std::strncpy(ifr.ifr_name, "lo", IFNAMSIZ - 1);
+  if (::ioctl(s, SIOCGIFFLAGS, &ifr) == 0) {
+    ifr.ifr_flags |= IFF_UP;
+    ::ioctl(s, SIOCSIFFLAGS, &ifr);
+  }
+  ::close(s);
+}
+
+}  // namespace
+
+bool InMicroVm() {
+  if (::getpid() != 1) return false;
+  int accepting = 0;
+  socklen_t len = sizeof accepting;
+  return ::getsockopt(3, SOL_SOCKET, SO_ACCEPTCONN, &accepting, &len) != 0;
+}
+
+Result<UniqueFd> OpenAgentPort();
+
+Result<MicroVmRoot> BootMicroVm() {
+  // The kernel mounts nothing for an initramfs.
+  STRATA_RETURN_IF_ERROR(Mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "", "boot"));
+  STRATA_RETURN_IF_ERROR(Mount("sysfs", "/sys", "sysfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "", "boot"));
+  STRATA_RETURN_IF_ERROR(Mount("devtmpfs", "/dev", "devtmpfs", MS_NOSUID, "", "boot"));
+  auto params = KernelParameters();
+  const int layers = std::atoi(params["layers"].c_str());
+  if (layers <= 0) return Error(EINVAL, "boot: no strata.layers=N on the kernel command line");
+  auto disks = DisksBySerial();
+  std::vector<std::string> lowers;  // top first
+  for (int i = 0; i < layers; ++i) {
+    const std::string meta = disks[StrCat("l", i, "m")], blob = disks[StrCat("l", i, "b")];
+    if (meta.empty() || blob.empty()) return Error(ENODEV, StrCat("boot: layer ", i, ": its disks (l", i, "m, l", i, "b) are missing"));
+    const std::string at = StrCat("/mnt/layers/", i);
+    STRATA_RETURN_IF_ERROR(Mount(meta.c_str(), at, "erofs", MS_RDONLY | MS_NODEV, "device=" + blob, StrCat("boot: layer ", i)));
+    lowers.insert(lowers.begin(), at);
+  }
+  if (disks["upper"].empty()) return Error(ENODEV, "boot: the upper disk is missing");
+  STRATA_RETURN_IF_ERROR(Mount(disks["upper"].c_str(), kUpperMount, "ext4", MS_NOATIME, "", "boot: upper disk"));
+  STRATA_RETURN_IF_ERROR(MakeDirs(StrCat(kUpperMount, "/upper"), 0755).Annotate("boot: upper disk"));
+  STRATA_RETURN_IF_ERROR(MakeDirs(StrCat(kUpperMount, "/work"), 0755).Annotate("boot: upper disk"));
+  // As the container's overlay (launcher/container/sandbox.cc): whole
+  // directories copied up, so the upper packs on its own.
+  STRATA_RETURN_IF_ERROR(Mount("overlay", kNewRoot, "overlay", 0,
+                               StrCat("lowerdir=", Join(lowers, ":"), ",upperdir=", kUpperMount, "/upper,workdir=", kUpperMount,
+                                      "/work,redirect_dir=off,metacopy=off,index=off,volatile"),
+                               "boot: overlay"));
+  const std::string root = kNewRoot;
+  STRATA_RETURN_IF_ERROR(Mount("proc", root + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "", "root"));
+  STRATA_RETURN_IF_ERROR(Mount("sysfs", root + "/sys", "sysfs", MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_RDONLY, "", "root"));
+  STRATA_RETURN_IF_ERROR(MakeDev(root + "/dev"));
+  STRATA_RETURN_IF_ERROR(Mount("tmpfs", root + "/.strata/run", "tmpfs", MS_NOSUID | MS_NODEV, "mode=0700,size=1m", "root"));
+  // The upper disk's mount, kept reachable for FIFREEZE (only the agent
+  // looks there: 0700 and below /.strata).
+  STRATA_RETURN_IF_ERROR(Mount(kUpperMount, root + kUpperKeep, nullptr, MS_BIND, "", "root"));
+  // The commands' memory: all RAM but the reserve.
+  STRATA_RETURN_IF_ERROR(Mount("cgroup2", root + "/sys/fs/cgroup", "cgroup2", MS_NOSUID | MS_NODEV | MS_NOEXEC, "", "root"));
+  MicroVmRoot out;
+  {
+    const std::string cg = root + "/sys/fs/cgroup";
+    UniqueFd control(::open((cg + "/cgroup.subtree_control").c_str(), O_WRONLY | O_CLOEXEC));
+    if (!control || ::write(control.get(), "+memory +pids", 13) < 0) return ErrnoError(errno, "commands' cgroup: enable memory");
+    if (::mkdir((cg + "/commands").c_str(), 0755) != 0 && errno != EEXIST) return ErrnoError(errno, "commands' cgroup: mkdir");
+    uint64_t total_kb = 0;
+    std::ifstream meminfo("/proc/meminfo");
+    std::string key;
+    while (meminfo >> key) {
+      if (key == "MemTotal:") {
+        meminfo >> total_kb;
+        break;
+      }
+    }
+    const uint64_t total = total_kb * 1024;
+    const uint64_t limit = total > 2 * kVmAgentReserve ? total - kVmAgentReserve : total / 2;
+    UniqueFd max(::open((cg + "/commands/memory.max").c_str(), O_WRONLY | O_CLOEXEC));
+    const std::string value = StrCat(limit);
+    if (!max || ::write(max.get(), value.data(), value.size()) < 0) return ErrnoError(errno, "commands' cgroup: memory.max");
+    out.command_cgroup = UniqueFd(::open((cg + "/commands/cgroup.procs").c_str(), O_WRONLY | O_CLOEXEC));
+    if (!out.command_cgroup) return ErrnoError(errno, "commands' cgroup: open cgroup.procs");
+  }
+  STRATA_ASSIGN_OR_RETURN(out.port, OpenAgentPort());
+  // The switch: the new root moved over the initramfs (which stays, hidden).
+  if (::chdir(kNewRoot) != 0) return ErrnoError(errno, "switch root: chdir");
+  if (::mount(".", "/", nullptr, MS_MOVE, nullptr) != 0) return ErrnoError(errno, "switch root: move the root");
+  if (::chroot(".") != 0) return ErrnoError(errno, "switch root: chroot");
+  if (::chdir("/") != 0) return ErrnoError(errno, "switch root: chdir /");
+  ::chmod("/.strata", 0700);
+  if (!params["hostname"].empty()) ::sethostname(params["hostname"].data(), params["hostname"].size());
+  LoopbackUp();
+  return out;
+}
+
+Result<UniqueFd> OpenAgentPort() {
+  // The port's device node appears when the driver probes it.
+  for (int attempt = 0; attempt < 500; ++attempt) {
+    DIR* dir = ::opendir("/sys/class/virtio-ports");
+    if (dir) {
+      std::string found;
+      while (dirent* e = ::readdir(dir)) {
+        auto name = ReadFileToString(StrCat("/sys/class/virtio-ports/", e->d_name, "/name"));
+        if (name.ok() && name->rfind("strata.agent", 0) == 0) found = e->d_name;
+      }
+      ::closedir(dir);
+      if (!found.empty()) {
+        UniqueFd fd(::open(("/dev/" + found).c_str(), O_RDWR | O_CLOEXEC | O_NONBLOCK));
+        if (fd) return fd;
+      }
+    }
+    ::usleep(10000);
+  }
+  return Error(ENODEV, "the agent channel (virtio-serial port strata.agent) did not appear");
+}
+
+Status FreezeUpper(bool freeze) {
+  UniqueFd fd(::open(kUpperKeep, O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!fd) return ErrnoError(errno, StrCat("freeze: open ", kUpperKeep));
+  if (::ioctl(fd.get(), freeze ? FIFREEZE : FITHAW, 0) != 0) {
+    return ErrnoError(errno, freeze ? "freeze the upper disk" : "thaw the upper disk");
+  }
+  return OkStatus();
+}
+
+void PowerOff() {
+  ::sync();
+  ::reboot(RB_POWER_OFF);
+  // (With reboot=t and -no-reboot a restart also ends QEMU.)
+  ::reboot(RB_AUTOBOOT);
+  std::_Exit(1);
+}
+
+}  // namespace strata::launcher

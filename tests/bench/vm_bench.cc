@@ -1,0 +1,138 @@
+// scripts/bench vm: the microVM back end, each row beside a baseline
+// measured in the same run.
+//   - create -> first exec -> destroy through the API (one at a time)
+//     against a bare QEMU boot of the same kernel, same machine and
+//     accelerator, with an initramfs whose init powers off at once (the
+//     agent finding no disks): the target is 1.3x;
+//   - exec of `true` in a live microVM against the same in a live container;
+//   - N idle microVMs at once (default 16, 128 MiB each): MemAvailable drop
+//     per VM, and QEMU's resident memory (its own beside what guest RAM the
+//     guest touched).
+// Usage: vm_bench [CYCLES] [IDLE]
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+
+#include "common/fs.h"
+#include "common/strings.h"
+#include "common/subprocess.h"
+#include "launcher/api/client.h"
+#include "launcher/container/sandbox.h"
+#include "tests/bench/bench_layers.h"
+#include "tests/bench/bench_util.h"
+#include "vmm/guest_files.h"
+#include "vmm/qemu.h"
+
+namespace {
+
+// Resident KiB of a process (VmRSS), 0 when gone.
+uint64_t RssKiB(pid_t pid) {
+  std::ifstream in(strata::StrCat("/proc/", pid, "/status"));
+  std::string key;
+  uint64_t value = 0;
+  while (in >> key) {
+    if (key == "VmRSS:") {
+      in >> value;
+      return value;
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+static int Body(int argc, char** argv) {
+  using namespace strata;
+  using namespace strata::bench;
+  using nlohmann::json;
+  const int cycles = argc > 1 ? std::atoi(argv[1]) : 20;
+  const int idle = argc > 2 ? std::atoi(argv[2]) : 16;
+  const launcher::NodeConfig node = launcher::NodeConfig::FromEnvironment();
+  if (::access(node.vm_kernel.c_str(), R_OK) != 0) Check(Error(ENOENT, "no guest kernel at " + node.vm_kernel + ": run scripts/guest-kernel"));
+  BusyboxLayer layer = PublishBusybox();
+  const TempDir& dir = layer.dir;
+  Subprocess daemon = StartBenchDaemon(layer);
+  launcher::LauncherClient client(dir.Sub("launcher.sock"));
+  const json vm_spec = {{"layers", {"bench:1"}}, {"store", layer.store}, {"backend", "microvm"}, {"memory", 128 << 20}};
+  const json ct_spec = {{"layers", {"bench:1"}}, {"store", layer.store}};
+  const json true_cmd = {{"argv", {"true"}}};
+
+  auto cycle = [&](int) {
+    std::string id = Check(client.Create(vm_spec))["id"];
+    ExecOk(client, id, true_cmd);
+    Check(client.Destroy(id));
+  };
+  cycle(0);  // warm: the layer mounted, the template and initramfs made
+  std::fprintf(stderr, "vm_bench: %d create/exec/destroy cycles...\n", cycles);
+  Figures ours = Measure(cycles, 1, cycle);
+
+  // The baseline: the same kernel, machine and accelerator, no disks; its
+  // init (the agent, finding none) powers off at once.
+  std::fprintf(stderr, "vm_bench: %d bare QEMU boots...\n", cycles);
+  const std::string initramfs = Check(vmm::EnsureInitramfs(node.agent_binary, node.vm_cache));
+  const bool kvm = node.vm_accel == "kvm";
+  std::vector<std::string> bare = {"qemu-system-x86_64", "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
+                                   "-M", kvm ? "microvm,acpi=on,pit=off,pic=off,rtc=on" : "microvm,acpi=on,pit=on,pic=on,rtc=on",
+                                   "-accel", kvm ? "kvm" : "tcg,tb-size=64", "-m", "128M", "-kernel", node.vm_kernel,
+                                   "-initrd", initramfs, "-append",
+                                   StrCat("console=ttyS0 reboot=t panic=-1 quiet 8250.nr_uarts=1", kvm ? "" : " " + vmm::TcgKernelArgs()),
+                                   "-serial", "null"};
+  Figures boot = Measure(cycles, 1, [&](int) {
+    auto r = Check(RunCommand({.argv = bare, .timeout = std::chrono::seconds(120)}));
+    if (r.timed_out) Check(Error(ETIMEDOUT, "a bare boot did not power off in 120 s"));
+  });
+
+  std::fprintf(stderr, "vm_bench: exec latency...\n");
+  std::string vm = Check(client.Create(vm_spec))["id"];
+  std::string ct = Check(client.Create(ct_spec))["id"];
+  for (int i = 0; i < 3; ++i) {
+    ExecOk(client, vm, true_cmd);
+    ExecOk(client, ct, true_cmd);
+  }
+  const int execs = cycles * 5;
+  Figures vm_exec = Measure(execs, 1, [&](int) { ExecOk(client, vm, true_cmd); });
+  Figures ct_exec = Measure(execs, 1, [&](int) { ExecOk(client, ct, true_cmd); });
+  Check(client.Destroy(vm));
+  Check(client.Destroy(ct));
+
+  std::fprintf(stderr, "vm_bench: %d idle microVMs...\n", idle);
+  const uint64_t before = MemAvailableKiB();
+  std::vector<std::string> ids;
+  for (int i = 0; i < idle; ++i) ids.push_back(Check(client.Create(vm_spec))["id"]);
+  for (const auto& id : ids) ExecOk(client, id, true_cmd);
+  std::this_thread::sleep_for(std::chrono::seconds(2));
+  const uint64_t with_idle = MemAvailableKiB();
+  uint64_t rss = 0;
+  for (const auto& id : ids) {
+    // The jail's waiter (vm.json) has one child: QEMU.
+    auto text = ReadFileToString(StrCat(dir.Sub("run"), "/", id, "/vm/vm.json"));
+    pid_t waiter = text.ok() ? json::parse(*text).value("pid", 0) : 0;
+    auto children = ReadFileToString(StrCat("/proc/", waiter, "/task/", waiter, "/children"));
+    if (children.ok() && !children->empty()) rss += RssKiB(std::atoi(children->c_str()));
+  }
+  for (const auto& id : ids) Check(client.Destroy(id));
+  StopBenchDaemon(daemon, layer);
+
+  const double drop_kib = before > with_idle ? static_cast<double>(before - with_idle) / idle : 0;
+  const double rss_kib = static_cast<double>(rss) / idle;
+  std::printf("microVMs under %s (QEMU %s), busybox layer, 128 MiB guests; %d cycles one at a time; %d execs; %d idle\n",
+              node.vm_accel.c_str(), "7.2", cycles, execs, idle);
+  Table t({"measure", "p50 ms", "p99 ms", "baseline", "baseline p50 ms", "baseline p99 ms", "ratio"});
+  t.Add({"create -> first exec -> destroy (API)", Fixed(ours.p50_ms, 0), Fixed(ours.p99_ms, 0),
+         "bare QEMU boot to an init that powers off", Fixed(boot.p50_ms, 0), Fixed(boot.p99_ms, 0),
+         Fixed(ours.p50_ms / boot.p50_ms, 2) + " (p50), " + Fixed(ours.p99_ms / boot.p99_ms, 2) + " (p99)"});
+  t.Add({"exec true in a live microVM (API)", Fixed(vm_exec.p50_ms, 2), Fixed(vm_exec.p99_ms, 2), "in a live container",
+         Fixed(ct_exec.p50_ms, 2), Fixed(ct_exec.p99_ms, 2), Fixed(vm_exec.p50_ms / ct_exec.p50_ms, 2) + " (p50)"});
+  t.Add({StrCat("memory per idle microVM (MiB, MemAvailable drop / ", idle, ")"), Fixed(drop_kib / 1024, 1), "",
+         "guest RAM given", "128", "", Fixed(drop_kib / 1024 / 128, 2)});
+  t.Add({"QEMU resident per idle microVM (MiB)", Fixed(rss_kib / 1024, 1), "", "guest RAM given", "128", "",
+         Fixed(rss_kib / 1024 / 128, 2)});
+  t.Print();
+  return 0;
+}
+
+int main(int argc, char** argv) {
+  return strata::bench::BenchMain([&] { return Body(argc, argv); });
+}
