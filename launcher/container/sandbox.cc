@@ -631,9 +631,9 @@ Status Sandbox::Destroy() {
       if (first.ok()) first = std::move(s);
     }
   };
-  // The guest: the agent powers it off; QEMU is killed if it does not.
+  // The guest: QEMU quits at once (nothing in the guest outlives it: its
+  // disk goes with the upper volume), and is killed if it does not.
   if (vm_) {
-    if (vm_->Running() && agent_) agent_->Shutdown().IgnoreError();
     note(vm_->Stop());
     vm_.reset();
     timer.Step("stop the microVM");
