@@ -1043,7 +1043,8 @@ Result<json> SandboxManager::Snapshot(const std::string& id, const std::string& 
   packdiff::IdShift shift{node_.idmap.host, node_.idmap.size};
   MountPoint disk;
   if (microvm) {
-    auto mounted = MountVmDisk(snapshot->path() + "/disk.img", StrCat(node_.run_dir, "/", id, "/snapshot-", snapshot_seq_++));
+    // (Not in the sandbox's directory: a destroy meanwhile removes that.)
+    auto mounted = MountVmDisk(snapshot->path() + "/disk.img", StrCat(node_.run_dir, "/.snapshot-mounts/", id, "-", snapshot_seq_++));
     if (!mounted.ok()) {
       snapshot->Destroy().IgnoreError();
       return mounted.status().Annotate(StrCat("snapshot sandbox ", id));

@@ -149,7 +149,7 @@ Result<std::string> EnsureInitramfs(const std::string& agent_binary, const std::
     return path;
   }
   STRATA_RETURN_IF_ERROR(MakeDirs(cache_dir, 0755));
-  const std::string tmp = StrCat(path, ".tmp.", ::getpid());
+  const std::string tmp = StrCat(path, ".tmp.", ::getpid(), ".", ::gettid());  // (one per thread)
   Status s = WriteCpio(tmp, *init);
   if (s.ok() && ::chmod(tmp.c_str(), 0644) != 0) s = ErrnoError(errno, "chmod " + tmp);
   if (s.ok() && ::rename(tmp.c_str(), path.c_str()) != 0) s = ErrnoError(errno, "rename " + tmp);
@@ -167,7 +167,7 @@ Result<std::string> EnsureExt4Template(const std::string& dir, uint64_t bytes) {
   const std::string path = StrCat(dir, "/ext4-v2-", bytes, ".img");
   if (::access(path.c_str(), R_OK) == 0) return path;
   STRATA_RETURN_IF_ERROR(MakeDirs(dir, 0700));
-  const std::string tmp = StrCat(path, ".tmp.", ::getpid());
+  const std::string tmp = StrCat(path, ".tmp.", ::getpid(), ".", ::gettid());  // (one per thread)
   Status s;
   {
     auto fd = OpenFile(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0600);

@@ -44,6 +44,9 @@ struct GuestSpec {
   uint64_t memory = uint64_t{256} << 20;
   // Holds the guest's sockets (QMP, the agent channel) and its console log.
   std::string state_dir;
+  // Where the console goes (default: state_dir/console.log). The guest
+  // writes it at will: put it where a quota bounds it.
+  std::string console_log;
   std::string accel = "tcg";       // "kvm" or "tcg"
   Jail jail;
 };

@@ -56,8 +56,9 @@ std::string Tail(const std::string& path, size_t max_bytes) {
 
 class QemuGuest : public Guest {
  public:
-  QemuGuest(std::string state_dir, std::optional<Subprocess> process, pid_t pid, uint64_t start)
-      : state_dir_(std::move(state_dir)), process_(std::move(process)), pid_(pid), start_(start) {}
+  QemuGuest(std::string state_dir, std::string console_log, std::optional<Subprocess> process, pid_t pid, uint64_t start)
+      : state_dir_(std::move(state_dir)), console_log_(std::move(console_log)), process_(std::move(process)), pid_(pid),
+        start_(start) {}
   ~QemuGuest() override {
     if (!released_) Stop(std::chrono::seconds(2)).IgnoreError();
   }
@@ -84,11 +85,22 @@ class QemuGuest : public Guest {
         std::this_thread::sleep_for(std::chrono::milliseconds(10));
       }
       if (RunningLocked()) {
+        // The waiter and QEMU share its process group (QEMU also dies with
+        // the waiter, by its parent-death signal).
+        ::kill(-pid_, SIGKILL);
         ::kill(pid_, SIGKILL);
         for (int i = 0; i < 500 && RunningLocked(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
       }
     }
-    if (RunningLocked()) return Error(EBUSY, StrCat("stop the microVM: its hypervisor (pid ", pid_, ") did not exit"));
+    // QEMU (RAM to unmap) may outlive its waiter by a moment: until the
+    // group is empty it still holds the disks and its cgroups.
+    for (int i = 0; i < 500 && ::kill(-pid_, 0) == 0; ++i) {
+      if (i == 100) ::kill(-pid_, SIGKILL);
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    if (RunningLocked() || ::kill(-pid_, 0) == 0) {
+      return Error(EBUSY, StrCat("stop the microVM: its hypervisor (process group ", pid_, ") did not exit"));
+    }
     process_.reset();
     qmp_.reset();
     stopped_ = true;
@@ -102,7 +114,7 @@ class QemuGuest : public Guest {
     process_.reset();
   }
 
-  std::string ConsoleTail(size_t max_bytes) const override { return Tail(state_dir_ + "/" + kConsoleLog, max_bytes); }
+  std::string ConsoleTail(size_t max_bytes) const override { return Tail(console_log_, max_bytes); }
 
  private:
   bool RunningLocked() {
@@ -119,7 +131,7 @@ class QemuGuest : public Guest {
   }
   Status Command(const char* command) {
     std::lock_guard lock(mu_);
-    if (!RunningLocked()) return Error(ESRCH, StrCat("its QEMU is gone: ", Tail(state_dir_ + "/" + kConsoleLog, 300)));
+    if (!RunningLocked()) return Error(ESRCH, StrCat("its QEMU is gone: ", Tail(console_log_, 300)));
     STRATA_RETURN_IF_ERROR(QmpLocked());
     auto result = qmp_->Execute(command);
     if (!result.ok()) {
@@ -130,7 +142,7 @@ class QemuGuest : public Guest {
   }
 
   std::mutex mu_;
-  std::string state_dir_;
+  std::string state_dir_, console_log_;
   std::optional<Subprocess> process_;  // the jail's waiter, when we started it
   pid_t pid_;
   uint64_t start_;
@@ -142,6 +154,12 @@ class QemuGuest : public Guest {
 
 std::string TcgKernelArgs() {
   std::string args = "tsc=reliable no_timer_check";
+  // The TSC's own rate where the kernel says it; else the CPU's rate (on
+  // a VM, as here, the hypervisor's TSC rate; with frequency scaling it
+  // may differ, and the guest's clock with it).
+  if (auto khz = ReadFileToString("/sys/devices/system/cpu/cpu0/tsc_freq_khz"); khz.ok() && std::atoll(khz->c_str()) > 0) {
+    return StrCat(args, " tsc_early_khz=", std::atoll(khz->c_str()));
+  }
   std::ifstream in("/proc/cpuinfo");
   std::string line;
   while (std::getline(in, line)) {
@@ -211,7 +229,8 @@ Result<std::unique_ptr<Guest>> QemuHypervisor::Start(const GuestSpec& spec) {
   STRATA_RETURN_IF_ERROR(MakeDirs(root, 0755));
   STRATA_ASSIGN_OR_RETURN(UniqueFd qmp, ListenUnix(spec.state_dir + "/" + kQmpSocket, 0600));
   STRATA_ASSIGN_OR_RETURN(UniqueFd channel, ListenUnix(spec.state_dir + "/" + kChannelSocket, 0600));
-  STRATA_ASSIGN_OR_RETURN(UniqueFd console, OpenFile(spec.state_dir + "/" + kConsoleLog, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND, 0600));
+  const std::string console_log = spec.console_log.empty() ? spec.state_dir + "/" + kConsoleLog : spec.console_log;
+  STRATA_ASSIGN_OR_RETURN(UniqueFd console, OpenFile(console_log, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND, 0600));
   std::vector<UniqueFd> disks;  // in CommandLine's order
   for (const auto& d : spec.disks) {
     for (int flags : d.read_only ? std::vector<int>{O_RDONLY} : std::vector<int>{O_RDWR, O_RDONLY}) {
@@ -231,7 +250,11 @@ Result<std::unique_ptr<Guest>> QemuHypervisor::Start(const GuestSpec& spec) {
   if (spec.accel == "kvm") argv.insert(argv.end(), {"--dev", "kvm"});
   argv.push_back("--");
   for (auto& arg : CommandLine(spec)) argv.push_back(std::move(arg));
+  // Nothing of the launcher's environment (a store's credentials) reaches
+  // the jail or QEMU.
   STRATA_ASSIGN_OR_RETURN(Subprocess process, Subprocess::Start({.argv = argv,
+                                                                 .env = {"PATH=/usr/bin:/bin", "LANG=C"},
+                                                                 .clear_env = true,
                                                                  .stdout_mode = StdStream::kNull,
                                                                  .stderr_mode = StdStream::kFile,
                                                                  .stderr_file = spec.state_dir + "/" + kQemuLog,
@@ -240,9 +263,10 @@ Result<std::unique_ptr<Guest>> QemuHypervisor::Start(const GuestSpec& spec) {
   qmp.reset();
   channel.reset();
   const pid_t pid = process.pid();
-  auto guest = std::make_unique<QemuGuest>(spec.state_dir, std::move(process), pid, StartTime(pid));
-  STRATA_RETURN_IF_ERROR(WriteFileAtomic(spec.state_dir + "/" + kStateFile,
-                                         json{{"pid", pid}, {"start", StartTime(pid)}, {"accel", spec.accel}}.dump(), false));
+  auto guest = std::make_unique<QemuGuest>(spec.state_dir, console_log, std::move(process), pid, StartTime(pid));
+  STRATA_RETURN_IF_ERROR(WriteFileAtomic(
+      spec.state_dir + "/" + kStateFile,
+      json{{"pid", pid}, {"start", StartTime(pid)}, {"accel", spec.accel}, {"console", console_log}}.dump(), false));
   auto client = QmpClient::Connect(spec.state_dir + "/" + kQmpSocket, options_.start_deadline);
   if (!client.ok()) {
     for (int i = 0; i < 100 && guest->Running(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
@@ -285,7 +309,8 @@ Result<std::unique_ptr<Guest>> QemuHypervisor::Adopt(const std::string& state_di
   if (pid <= 0 || ::kill(pid, 0) != 0 || StartTime(pid) != start) {
     return Error(ENOENT, StrCat("adopt microVM in ", state_dir, ": its QEMU (pid ", pid, ") is gone"));
   }
-  return std::unique_ptr<Guest>(new QemuGuest(state_dir, std::nullopt, pid, start));
+  return std::unique_ptr<Guest>(
+      new QemuGuest(state_dir, state.value("console", state_dir + "/" + kConsoleLog), std::nullopt, pid, start));
 }
 
 }  // namespace strata::vmm

@@ -556,6 +556,9 @@ Status Sandbox::StartMicroVm(const SandboxSpec& spec, const json& layers) {
   STRATA_ASSIGN_OR_RETURN(UpperVolume volume, uppers.Create(id_, spec.disk + (uint64_t{64} << 20), 0, 0));
   upper_.emplace(std::move(volume));
   vm.upper_disk = upper_->path() + "/disk.img";
+  // The console too: the guest writes it at will, and the volume's quota
+  // bounds it.
+  vm.console_log = upper_->path() + "/console.log";
   STRATA_RETURN_IF_ERROR(vmm::CloneFile(image, vm.upper_disk).Annotate("microVM upper disk"));
   timer.Step("upper disk");
   STRATA_ASSIGN_OR_RETURN(vm.initramfs, vmm::EnsureInitramfs(node_.agent_binary, node_.vm_cache));
@@ -820,11 +823,16 @@ Result<UpperVolume> Sandbox::CaptureUpper() {
     if (was_paused) STRATA_RETURN_IF_ERROR(vm_->Resume().Annotate("snapshot: resume for the freeze"));
     Status frozen = agent_->Freeze(true);
     auto snapshot = frozen.ok() ? store.Snapshot(*upper_, name) : Result<UpperVolume>(frozen.Annotate("snapshot: freeze the guest's upper disk"));
-    if (frozen.ok()) {
-      Status thawed = agent_->Freeze(false);
-      if (!thawed.ok()) return thawed.Annotate("snapshot: thaw the guest's upper disk");
+    // A thaw after every freeze asked for, also one that failed or timed
+    // out: the agent may have frozen after we stopped waiting, and a
+    // frozen filesystem hangs every writer in the guest.
+    Status thawed = agent_->Freeze(false);
+    if (!thawed.ok()) thawed = agent_->Freeze(false);
+    if (was_paused) {
+      Status paused = vm_->Pause();
+      if (!paused.ok() && snapshot.ok()) return paused.Annotate("snapshot: pause again");
     }
-    if (was_paused) STRATA_RETURN_IF_ERROR(vm_->Pause().Annotate("snapshot: pause again"));
+    if (!thawed.ok() && snapshot.ok() && frozen.ok()) return thawed.Annotate("snapshot: thaw the guest's upper disk");
     return snapshot;
   }
   const bool was_paused = paused_;

@@ -19,6 +19,7 @@
 #include "common/fs.h"
 #include "common/log.h"
 #include "common/strings.h"
+#include "common/subprocess.h"
 #include "common/unix_socket.h"
 #include "vmm/qemu.h"
 
@@ -41,8 +42,22 @@ Status WriteValue(const std::string& path, const std::string& value) {
 
 }  // namespace
 
+static Result<MountPoint> MountVmDiskAt(const std::string& image, const std::string& target);
+
 Result<MountPoint> MountVmDisk(const std::string& image, const std::string& target) {
+  // The guest wrote this image as it liked: e2fsck reads all of it in
+  // user space first, and the node's kernel mounts only one it finds
+  // clean (docs/security.md, "microVMs").
+  STRATA_RETURN_IF_ERROR(RunChecked({.argv = {"e2fsck", "-f", "-n", image}, .timeout = std::chrono::minutes(5)},
+                                    "check the guest's upper disk")
+                             .status());
   STRATA_RETURN_IF_ERROR(MakeDirs(target, 0700));
+  auto mounted = MountVmDiskAt(image, target);
+  if (!mounted.ok()) ::rmdir(target.c_str());
+  return mounted;
+}
+
+static Result<MountPoint> MountVmDiskAt(const std::string& image, const std::string& target) {
   STRATA_ASSIGN_OR_RETURN(UniqueFd file, OpenFile(image, O_RDONLY));
   UniqueFd control(::open("/dev/loop-control", O_RDWR | O_CLOEXEC));
   if (!control) return ErrnoError(errno, "mount " + image + ": open /dev/loop-control");
@@ -74,8 +89,15 @@ Result<std::vector<std::string>> MakeVmCgroups(const std::string& relative, uint
   if (::access("/sys/fs/cgroup/cgroup.controllers", F_OK) == 0) {  // pure cgroup v2
     const std::string dir = "/sys/fs/cgroup/" + relative;
     STRATA_RETURN_IF_ERROR(MakeDirs(dir, 0755).Annotate("microVM cgroup"));
+    // The controllers enabled on the way down (a fresh node has none).
+    std::string at = "/sys/fs/cgroup";
+    for (const auto& part : Split(relative, '/')) {
+      if (part.empty()) continue;
+      STRATA_RETURN_IF_ERROR(WriteValue(at + "/cgroup.subtree_control", "+memory +cpu +pids").Annotate("microVM cgroup"));
+      at += "/" + part;
+    }
     STRATA_RETURN_IF_ERROR(WriteValue(dir + "/memory.max", StrCat(memory_limit)));
-    STRATA_RETURN_IF_ERROR(WriteValue(dir + "/memory.swap.max", "0"));
+    if (::access((dir + "/memory.swap.max").c_str(), F_OK) == 0) STRATA_RETURN_IF_ERROR(WriteValue(dir + "/memory.swap.max", "0"));
     if (cpu_quota > 0) STRATA_RETURN_IF_ERROR(WriteValue(dir + "/cpu.max", StrCat(static_cast<int64_t>(cpu_quota * 100000), " 100000")));
     STRATA_RETURN_IF_ERROR(WriteValue(dir + "/pids.max", "1024"));
     procs.push_back(dir + "/cgroup.procs");
@@ -125,6 +147,7 @@ Result<std::unique_ptr<MicroVm>> MicroVm::Start(const MicroVmSpec& spec) {
   g.cpus = std::max(spec.cpus, 1);
   g.memory = memory;
   g.state_dir = spec.dir + "/vm";
+  g.console_log = spec.console_log;
   g.accel = spec.accel;
   vmm::QemuOptions qemu;
   STRATA_ASSIGN_OR_RETURN(g.jail.cgroups, MakeVmCgroups(spec.cgroup, memory + vmm::QemuOverhead(spec.accel, qemu), spec.cpu_quota));

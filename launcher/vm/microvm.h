@@ -28,6 +28,7 @@ struct MicroVmSpec {
   std::string agent_socket; // where AgentClient connects
   std::vector<VmLayer> layers;  // bottom first
   std::string upper_disk;   // ext4 image, read-write
+  std::string console_log;  // where a quota bounds it
   std::string kernel, initramfs, jail_binary;
   std::string accel = "tcg";
   int cpus = 1;

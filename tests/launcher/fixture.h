@@ -202,7 +202,9 @@ class DaemonFixture : public SandboxTest {
                                 .stderr_mode = StdStream::kFile, .stderr_file = dir_.Sub("daemon.log")});
     ASSERT_OK(d.status());
     daemon_.emplace(std::move(*d));
-    for (int i = 0; i < 500 && !client_->Alive(); ++i) {
+    // (Up to 30 s: a restarted daemon re-adopts every sandbox before it
+    // listens, and a microVM answers its ping through an emulated guest.)
+    for (int i = 0; i < 3000 && !client_->Alive(); ++i) {
       ASSERT_TRUE(daemon_->Running()) << "the daemon exited: " << ReadFileToString(dir_.Sub("daemon.log")).value_or("");
       std::this_thread::sleep_for(10ms);
     }

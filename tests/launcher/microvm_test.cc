@@ -321,7 +321,8 @@ TEST_F(MicroVmTest, ManyMicroVmsWithRandomKillsLeaveNothing) {
   }
   std::shuffle(ids.begin(), ids.end(), rng);
   for (size_t i = 0; i < ids.size(); ++i) {
-    if (rng() % 4 == 0) {
+    const bool killed = rng() % 4 == 0;
+    if (killed) {
       pid_t waiter = QemuWaiter(ids[i]);
       if (waiter > 0) ::kill(waiter, SIGKILL);
     }
@@ -329,7 +330,11 @@ TEST_F(MicroVmTest, ManyMicroVmsWithRandomKillsLeaveNothing) {
       StopDaemon(SIGKILL);
       StartDaemon();
     }
-    EXPECT_OK(client_->Destroy(ids[i]));
+    // A restarted daemon's recovery removes a microVM whose QEMU is gone
+    // itself; every live one it adopts.
+    Status destroyed = client_->Destroy(ids[i]);
+    if (killed) EXPECT_TRUE(destroyed.ok() || destroyed.ToString().find("no such sandbox") != std::string::npos) << destroyed.ToString();
+    else EXPECT_OK(destroyed);
   }
 }
 

@@ -169,11 +169,12 @@ void BindReadOnly(const std::string& source, const std::string& target, bool dev
     Die("make the root read-only");
   }
   ::sethostname("strata-vm", 9);
-  // The hypervisor dies with its waiter, so killing the waiter ends both.
-  if (::prctl(PR_SET_PDEATHSIG, SIGKILL) != 0) Die("set the parent-death signal");
   if (::setgroups(o.groups.size(), o.groups.data()) != 0) Die("setgroups");
   if (::setresgid(o.gid, o.gid, o.gid) != 0) Die("setresgid");
   if (::setresuid(o.uid, o.uid, o.uid) != 0) Die("setresuid");
+  // The hypervisor dies with its waiter, so killing the waiter ends both.
+  // (After the uid change: a change of credentials clears it.)
+  if (::prctl(PR_SET_PDEATHSIG, SIGKILL) != 0) Die("set the parent-death signal");
   if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) Die("set no_new_privs");
   ::execv(o.argv[0], o.argv.data());
   Die(std::string("exec ") + o.argv[0]);
@@ -201,14 +202,16 @@ int main(int argc, char** argv) {
     ::close(fd);
   }
   if (::unshare(CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS) != 0) Die("unshare namespaces");
+  // The handlers before the fork (the child execs, which resets them), so
+  // a signal in between is forwarded too.
+  struct sigaction sa{};
+  sa.sa_handler = Forward;
+  for (int sig : {SIGTERM, SIGINT, SIGHUP}) ::sigaction(sig, &sa, nullptr);
   child = ::fork();
   if (child < 0) Die("fork");
   if (child == 0) Enter(o);
   // The waiter holds nothing of the guest's.
   for (int fd = 3; fd < 1024; ++fd) ::close(fd);
-  struct sigaction sa{};
-  sa.sa_handler = Forward;
-  for (int sig : {SIGTERM, SIGINT, SIGHUP}) ::sigaction(sig, &sa, nullptr);
   int status = 0;
   while (::waitpid(child, &status, 0) < 0) {
     if (errno != EINTR) Die("wait");
