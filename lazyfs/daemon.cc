@@ -764,10 +764,17 @@ void Daemon::Maintain() {
       {
         std::lock_guard lock(mu_);
         if (!entry->holders.empty() || layers_[key] != entry) continue;  // taken again meanwhile
-        layers_.erase(key);
         JournalLocked({{"e", "unload"}, {"d", key.first.Hex()}, {"m", MountModeName(key.second)}});
       }
+      // The entry stays in the map while it unloads: an acquire of the same
+      // layer meanwhile waits for its lock and loads it again, rather than
+      // loading a second entry at the same paths that this unload would
+      // then take away (its files, its mount point).
       Unload(*entry, key);
+      std::lock_guard lock(mu_);
+      entry->views.clear();  // (a reload journals its own)
+      auto it = layers_.find(key);
+      if (entry->holders.empty() && it != layers_.end() && it->second == entry) layers_.erase(it);
     }
     if (now >= next_lease) {
       next_lease = now + lease_every;
