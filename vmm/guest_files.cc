@@ -3,8 +3,6 @@
 // file and a reader never sees half of one.
 #include "vmm/guest_files.h"
 
-#include <archive.h>
-#include <archive_entry.h>
 #include <fcntl.h>
 #include <linux/fs.h>
 #include <sys/ioctl.h>
@@ -15,7 +13,7 @@
 #include <map>
 #include <mutex>
 
-#include "common/dynlib.h"
+#include "common/archive_api.h"
 #include "common/fs.h"
 #include "common/hash.h"
 #include "common/strings.h"
@@ -25,62 +23,8 @@ namespace strata::vmm {
 
 namespace {
 
-// libarchive is loaded on first use (common/dynlib.h), as the API's tar
-// bridge does: most launcher runs never make an initramfs.
-struct CpioApi {
-  Status status;
-  decltype(&archive_write_new) write_new = nullptr;
-  decltype(&archive_write_set_format_cpio_newc) set_format = nullptr;
-  decltype(&archive_write_open_filename) open_filename = nullptr;
-  decltype(&archive_write_header) write_header = nullptr;
-  decltype(&archive_write_data) write_data = nullptr;
-  decltype(&archive_write_close) write_close = nullptr;
-  decltype(&archive_write_free) write_free = nullptr;
-  decltype(&archive_error_string) error_string = nullptr;
-  decltype(&archive_entry_new) entry_new = nullptr;
-  decltype(&archive_entry_free) entry_free = nullptr;
-  decltype(&archive_entry_set_pathname) set_pathname = nullptr;
-  decltype(&archive_entry_set_filetype) set_filetype = nullptr;
-  decltype(&archive_entry_set_perm) set_perm = nullptr;
-  decltype(&archive_entry_set_size) set_size = nullptr;
-  decltype(&archive_entry_set_rdev) set_rdev = nullptr;
-  decltype(&archive_entry_set_nlink) set_nlink = nullptr;
-};
-
-const CpioApi& Cpio() {
-  static const CpioApi api = [] {
-    CpioApi a;
-    auto lib = DynamicLibrary::Open(STRATA_ARCHIVE_SONAME, "libarchive13");
-    if (!lib.ok()) {
-      a.status = lib.status();
-      return a;
-    }
-    auto get = [&](auto& fn, const char* name) {
-      if (a.status.ok()) a.status = lib->Resolve(fn, name);
-    };
-    get(a.write_new, "archive_write_new");
-    get(a.set_format, "archive_write_set_format_cpio_newc");
-    get(a.open_filename, "archive_write_open_filename");
-    get(a.write_header, "archive_write_header");
-    get(a.write_data, "archive_write_data");
-    get(a.write_close, "archive_write_close");
-    get(a.write_free, "archive_write_free");
-    get(a.error_string, "archive_error_string");
-    get(a.entry_new, "archive_entry_new");
-    get(a.entry_free, "archive_entry_free");
-    get(a.set_pathname, "archive_entry_set_pathname");
-    get(a.set_filetype, "archive_entry_set_filetype");
-    get(a.set_perm, "archive_entry_set_perm");
-    get(a.set_size, "archive_entry_set_size");
-    get(a.set_rdev, "archive_entry_set_rdev");
-    get(a.set_nlink, "archive_entry_set_nlink");
-    return a;
-  }();
-  return api;
-}
-
 Status WriteCpio(const std::string& path, const std::string& init) {
-  const CpioApi& api = Cpio();
+  const ArchiveApi& api = Archive();
   STRATA_RETURN_IF_ERROR(api.status);
   archive* a = api.write_new();
   if (!a) return Error(ENOMEM, "initramfs: archive_write_new");
@@ -89,8 +33,8 @@ Status WriteCpio(const std::string& path, const std::string& init) {
     api.write_free(a);
     return s;
   };
-  if (api.set_format(a) != ARCHIVE_OK) return fail("cpio format");
-  if (api.open_filename(a, path.c_str()) != ARCHIVE_OK) return fail("open");
+  if (api.write_set_format_cpio_newc(a) != ARCHIVE_OK) return fail("cpio format");
+  if (api.write_open_filename(a, path.c_str()) != ARCHIVE_OK) return fail("open");
   struct Item {
     const char* name;
     unsigned type;
@@ -105,12 +49,12 @@ Status WriteCpio(const std::string& path, const std::string& init) {
   };
   for (const Item& item : items) {
     archive_entry* e = api.entry_new();
-    api.set_pathname(e, item.name);
-    api.set_filetype(e, item.type);
-    api.set_perm(e, item.perm);
-    api.set_nlink(e, item.type == AE_IFDIR ? 2 : 1);
-    if (item.type == AE_IFCHR) api.set_rdev(e, item.rdev);
-    api.set_size(e, item.data ? static_cast<int64_t>(item.data->size()) : 0);
+    api.entry_set_pathname(e, item.name);
+    api.entry_set_filetype(e, item.type);
+    api.entry_set_perm(e, item.perm);
+    api.entry_set_nlink(e, item.type == AE_IFDIR ? 2 : 1);
+    if (item.type == AE_IFCHR) api.entry_set_rdev(e, item.rdev);
+    api.entry_set_size(e, item.data ? static_cast<int64_t>(item.data->size()) : 0);
     int r = api.write_header(a, e);
     api.entry_free(e);
     if (r != ARCHIVE_OK) return fail(item.name);

@@ -31,6 +31,12 @@ std::string TcgKernelArgs();
 // device state, I/O buffers): a microVM's cgroup allows RAM plus this.
 uint64_t QemuOverhead(const std::string& accel, const QemuOptions& options = {});
 
+// QEMU booting `kernel` with `initramfs`, no disks, the console on stdout,
+// on the machine microVMs get: the probe below, and the baseline of
+// `scripts/bench vm`.
+std::vector<std::string> BareBootCommandLine(const std::string& kernel, const std::string& initramfs, const std::string& accel,
+                                             const QemuOptions& options = {});
+
 // Boots `kernel` with `initramfs` (whose init must print "strata-agent:"
 // to the console and power off, as the agent does when it finds no disks)
 // under `accel` ("kvm" or "tcg"), and says whether it got that far within

@@ -1,15 +1,13 @@
 // Tar streams to and from the agent's tree protocol, through libarchive.
 #include "launcher/api/tar_bridge.h"
 
-#include <archive.h>
-#include <archive_entry.h>
 #include <fcntl.h>
 #include <unistd.h>
 
 #include <mutex>
 #include <thread>
 
-#include "common/dynlib.h"
+#include "common/archive_api.h"
 #include "common/fs.h"
 #include "common/strings.h"
 #include "common/unique_fd.h"
@@ -19,82 +17,6 @@ namespace strata::launcher {
 using nlohmann::json;
 
 namespace {
-
-struct ArchiveApi {
-  Status status;
-  decltype(&archive_read_new) read_new = nullptr;
-  decltype(&archive_read_support_format_tar) read_support_format_tar = nullptr;
-  decltype(&archive_read_support_filter_all) read_support_filter_all = nullptr;
-  decltype(&archive_read_open_fd) read_open_fd = nullptr;
-  decltype(&archive_read_next_header) read_next_header = nullptr;
-  decltype(&archive_read_data) read_data = nullptr;
-  decltype(&archive_read_free) read_free = nullptr;
-  decltype(&archive_error_string) error_string = nullptr;
-  decltype(&archive_entry_pathname) entry_pathname = nullptr;
-  decltype(&archive_entry_filetype) entry_filetype = nullptr;
-  decltype(&archive_entry_perm) entry_perm = nullptr;
-  decltype(&archive_entry_symlink) entry_symlink = nullptr;
-  decltype(&archive_entry_hardlink) entry_hardlink = nullptr;
-  decltype(&archive_write_new) write_new = nullptr;
-  decltype(&archive_write_set_format_pax_restricted) write_set_format_pax_restricted = nullptr;
-  decltype(&archive_write_open) write_open = nullptr;
-  decltype(&archive_write_header) write_header = nullptr;
-  decltype(&archive_write_data) write_data = nullptr;
-  decltype(&archive_write_close) write_close = nullptr;
-  decltype(&archive_write_free) write_free = nullptr;
-  decltype(&archive_entry_new) entry_new = nullptr;
-  decltype(&archive_entry_free) entry_free = nullptr;
-  decltype(&archive_entry_set_pathname) entry_set_pathname = nullptr;
-  decltype(&archive_entry_set_filetype) entry_set_filetype = nullptr;
-  decltype(&archive_entry_set_perm) entry_set_perm = nullptr;
-  decltype(&archive_entry_set_size) entry_set_size = nullptr;
-  decltype(&archive_entry_set_symlink) entry_set_symlink = nullptr;
-  decltype(&archive_entry_set_mtime) entry_set_mtime = nullptr;
-};
-
-const ArchiveApi& Archive() {
-  static const ArchiveApi api = [] {
-    ArchiveApi a;
-    auto lib = DynamicLibrary::Open(STRATA_ARCHIVE_SONAME, "libarchive13");
-    if (!lib.ok()) {
-      a.status = lib.status();
-      return a;
-    }
-    auto get = [&](auto& fn, const char* name) {
-      if (a.status.ok()) a.status = lib->Resolve(fn, name);
-    };
-    get(a.read_new, "archive_read_new");
-    get(a.read_support_format_tar, "archive_read_support_format_tar");
-    get(a.read_support_filter_all, "archive_read_support_filter_all");
-    get(a.read_open_fd, "archive_read_open_fd");
-    get(a.read_next_header, "archive_read_next_header");
-    get(a.read_data, "archive_read_data");
-    get(a.read_free, "archive_read_free");
-    get(a.error_string, "archive_error_string");
-    get(a.entry_pathname, "archive_entry_pathname");
-    get(a.entry_filetype, "archive_entry_filetype");
-    get(a.entry_perm, "archive_entry_perm");
-    get(a.entry_symlink, "archive_entry_symlink");
-    get(a.entry_hardlink, "archive_entry_hardlink");
-    get(a.write_new, "archive_write_new");
-    get(a.write_set_format_pax_restricted, "archive_write_set_format_pax_restricted");
-    get(a.write_open, "archive_write_open");
-    get(a.write_header, "archive_write_header");
-    get(a.write_data, "archive_write_data");
-    get(a.write_close, "archive_write_close");
-    get(a.write_free, "archive_write_free");
-    get(a.entry_new, "archive_entry_new");
-    get(a.entry_free, "archive_entry_free");
-    get(a.entry_set_pathname, "archive_entry_set_pathname");
-    get(a.entry_set_filetype, "archive_entry_set_filetype");
-    get(a.entry_set_perm, "archive_entry_set_perm");
-    get(a.entry_set_size, "archive_entry_set_size");
-    get(a.entry_set_symlink, "archive_entry_set_symlink");
-    get(a.entry_set_mtime, "archive_entry_set_mtime");
-    return a;
-  }();
-  return api;
-}
 
 std::string ArchiveError(archive* a) {
   const char* e = Archive().error_string(a);

@@ -521,10 +521,7 @@ Result<ExecResult> Sandbox::Exec(ExecRequest request, const OutputSink& sink) {
 
 Status Sandbox::VmGone() const {
   if (!vm_ || vm_->Running()) return OkStatus();
-  std::string why = vm_->Why();
-  if (size_t nl = why.find_last_of('\n', why.size() > 1 ? why.size() - 2 : 0); nl != std::string::npos && why.size() > 300) {
-    why = why.substr(why.size() - 300);
-  }
+  const std::string why = vm_->Why();
   return Error(EHOSTDOWN, StrCat("sandbox ", id_, ": its microVM is gone (QEMU exited)", why.empty() ? "" : "; its console ended: " + why));
 }
 

@@ -124,10 +124,6 @@ Result<std::vector<std::string>> MakeVmCgroups(const std::string& relative, uint
 }
 
 Result<std::unique_ptr<MicroVm>> MicroVm::Start(const MicroVmSpec& spec) {
-  if (spec.layers.size() > kMaxVmLayers) {
-    return Error(E2BIG, StrCat("microVM: ", spec.layers.size(), " layers; a microVM takes at most ", kMaxVmLayers,
-                               " (two disks each, in microvm's 24 virtio-mmio slots)"));
-  }
   if (::access(spec.kernel.c_str(), R_OK) != 0) {
     return ErrnoError(errno, StrCat("microVM: guest kernel ", spec.kernel,
                                     " (build it with scripts/guest-kernel, or name one with --kernel / STRATA_VM_KERNEL)"));

@@ -70,13 +70,7 @@ static int Body(int argc, char** argv) {
   // The baseline: the same kernel, machine and accelerator, no disks; its
   // init (the agent, finding none) powers off at once.
   const std::string initramfs = Check(vmm::EnsureInitramfs(node.agent_binary, node.vm_cache));
-  const bool kvm = node.vm_accel == "kvm";
-  std::vector<std::string> bare = {"qemu-system-x86_64", "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
-                                   "-M", kvm ? "microvm,acpi=on,pit=off,pic=off,rtc=on" : "microvm,acpi=on,pit=on,pic=on,rtc=on",
-                                   "-accel", kvm ? "kvm" : "tcg,tb-size=64", "-m", "128M", "-kernel", node.vm_kernel,
-                                   "-initrd", initramfs, "-append",
-                                   StrCat("console=ttyS0 reboot=t panic=-1 quiet 8250.nr_uarts=1", kvm ? "" : " " + vmm::TcgKernelArgs()),
-                                   "-serial", "null"};
+  const std::vector<std::string> bare = vmm::BareBootCommandLine(node.vm_kernel, initramfs, node.vm_accel);
   auto boot_once = [&] {
     auto r = Check(RunCommand({.argv = bare, .timeout = std::chrono::seconds(120)}));
     if (r.timed_out) Check(Error(ETIMEDOUT, "a bare boot did not power off in 120 s"));
