@@ -24,6 +24,13 @@ struct GuestDisk {
   std::string serial;     // how the guest tells the disks apart (<= 20 bytes)
 };
 
+// A network card: a tap device the caller opened (and keeps open until
+// Start returns), handed to the hypervisor as a descriptor.
+struct GuestNic {
+  int tap_fd = -1;
+  std::string mac;        // "52:54:00:xx:xx:xx"
+};
+
 // Where the hypervisor runs: as its own uid, in cgroups the caller made
 // (their cgroup.procs files), in a root made in `root_dir` (an empty
 // directory) that holds only the system's /usr and what the guest needs.
@@ -40,6 +47,7 @@ struct GuestSpec {
   std::string name;                // for QEMU's -name and logs
   std::string kernel, initramfs, cmdline;
   std::vector<GuestDisk> disks;
+  std::optional<GuestNic> nic;     // none: the guest has loopback only
   int cpus = 1;
   uint64_t memory = uint64_t{256} << 20;
   // Holds the guest's sockets (QMP, the agent channel) and its console log.

@@ -33,7 +33,7 @@ constexpr const char* kChannelSocket = "channel.sock";
 constexpr const char* kConsoleLog = "console.log";
 constexpr const char* kQemuLog = "qemu.log";
 constexpr const char* kStateFile = "vm.json";
-constexpr int kFirstFd = 3;  // QMP, channel, console, then the disks
+constexpr int kFirstFd = 3;  // QMP, channel, console, the disks, then the tap
 
 // A process's start time (field 22 of /proc/PID/stat): with the pid, it
 // names the process even after the pid is reused.
@@ -213,14 +213,20 @@ std::vector<std::string> QemuHypervisor::CommandLine(const GuestSpec& spec) cons
                               d.read_only ? "" : ",discard=unmap"),
                        "-device", StrCat("virtio-blk-device,drive=disk", i, ",serial=", d.serial)});
   }
+  if (spec.nic) {
+    // (No vhost: the node has no /dev/vhost-net, and it would be one more
+    // device in the jail.)
+    a.insert(a.end(), {"-netdev", StrCat("tap,id=net0,fd=", fd++, ",vhost=off"), "-device",
+                       StrCat("virtio-net-device,netdev=net0,mac=", spec.nic->mac)});
+  }
   a.insert(a.end(), {"-sandbox", "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny"});
   return a;
 }
 
 Result<std::unique_ptr<Guest>> QemuHypervisor::Start(const GuestSpec& spec) {
-  if (spec.disks.size() > 22) {
-    return Error(E2BIG, StrCat("microVM ", spec.name, ": ", spec.disks.size(), " disks, and microvm has 24 virtio-mmio slots ",
-                               "(22 for disks beside the agent channel)"));
+  if (spec.disks.size() + (spec.nic ? 1 : 0) > 23) {
+    return Error(E2BIG, StrCat("microVM ", spec.name, ": ", spec.disks.size(), " disks", spec.nic ? " and a network card" : "",
+                               ", and microvm has 24 virtio-mmio slots (one is the agent channel's)"));
   }
   for (const auto& path : {spec.kernel, spec.initramfs}) {
     if (::access(path.c_str(), R_OK) != 0) return ErrnoError(errno, "microVM " + spec.name + ": read " + path);
@@ -242,6 +248,7 @@ Result<std::unique_ptr<Guest>> QemuHypervisor::Start(const GuestSpec& spec) {
   }
   std::vector<int> pass = {qmp.get(), channel.get(), console.get()};
   for (const auto& d : disks) pass.push_back(d.get());
+  if (spec.nic) pass.push_back(spec.nic->tap_fd);
 
   std::vector<std::string> argv = {spec.jail.jail_binary, "--root", root, "--uid", StrCat(spec.jail.uid), "--gid",
                                    StrCat(spec.jail.gid), "--bind", spec.kernel + ":/vm/kernel", "--bind",

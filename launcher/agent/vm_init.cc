@@ -5,7 +5,9 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <linux/fs.h>
+#include <arpa/inet.h>
 #include <net/if.h>
+#include <net/route.h>
 #include <sys/ioctl.h>
 #include <sys/mount.h>
 #include <sys/reboot.h>
@@ -109,6 +111,76 @@ void LoopbackUp() {
   ::close(s);
 }
 
+// The network the launcher bridged to the guest's card (strata.net=ADDR,GW):
+// ADDR/32 on eth0, a route to the gateway on the link and the default
+// route through it, as a container's namespace has them
+// (launcher/net/netns.cc); names go to the node's DNS proxy on the gateway,
+// as NodeNetwork::ResolvConf says for containers. Plain ioctls: the agent
+// links no netlink library.
+Status ConfigureNetwork(const std::string& value) {
+  const auto parts = Split(value, ',');
+  in_addr address{}, gateway{};
+  if (parts.size() != 2 || ::inet_pton(AF_INET, parts[0].c_str(), &address) != 1 ||
+      ::inet_pton(AF_INET, parts[1].c_str(), &gateway) != 1) {
+    return Error(EINVAL, "network: strata.net=" + value + " is not ADDRESS,GATEWAY");
+  }
+  UniqueFd s(::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+  if (!s) return ErrnoError(errno, "network: socket");
+  auto inet = [](sockaddr* out, in_addr a) {
+    auto* sin = reinterpret_cast<sockaddr_in*>(out);
+    sin->sin_family = AF_INET;
+    sin->sin_addr = a;
+  };
+  ifreq ifr{};
+  std::strncpy(ifr.ifr_name, "eth0", IFNAMSIZ - 1);
+  // The card is probed before init runs; a slow probe gets a second.
+  for (int i = 0; i < 100 && ::if_nametoindex("eth0") == 0; ++i) ::usleep(10000);
+  inet(&ifr.ifr_addr, address);
+  if (::ioctl(s.get(), SIOCSIFADDR, &ifr) != 0) return ErrnoError(errno, "network: set the address of eth0");
+  inet(&ifr.ifr_netmask, in_addr{INADDR_BROADCAST});
+  if (::ioctl(s.get(), SIOCSIFNETMASK, &ifr) != 0) return ErrnoError(errno, "network: set the netmask of eth0");
+  if (::ioctl(s.get(), SIOCGIFFLAGS, &ifr) != 0) return ErrnoError(errno, "network: read the flags of eth0");
+  ifr.ifr_flags |= IFF_UP;
+  if (::ioctl(s.get(), SIOCSIFFLAGS, &ifr) != 0) return ErrnoError(errno, "network: set eth0 up");
+  char dev[] = "eth0";
+  rtentry link{};
+  inet(&link.rt_dst, gateway);
+  inet(&link.rt_genmask, in_addr{INADDR_BROADCAST});
+  link.rt_flags = RTF_UP | RTF_HOST;
+  link.rt_dev = dev;
+  if (::ioctl(s.get(), SIOCADDRT, &link) != 0) return ErrnoError(errno, "network: route to the gateway");
+  rtentry route{};
+  inet(&route.rt_dst, in_addr{INADDR_ANY});
+  inet(&route.rt_genmask, in_addr{INADDR_ANY});
+  inet(&route.rt_gateway, gateway);
+  route.rt_flags = RTF_UP | RTF_GATEWAY;
+  route.rt_dev = dev;
+  if (::ioctl(s.get(), SIOCADDRT, &route) != 0) return ErrnoError(errno, "network: default route");
+  // ICMP echo sockets for everyone, as in a container's namespace.
+  if (UniqueFd f(::open("/proc/sys/net/ipv4/ping_group_range", O_WRONLY | O_CLOEXEC)); f) {
+    (void)WriteFull(f.get(), "0 2147483647");
+  }
+  // /etc/resolv.conf: a read-only bind of the agent's own copy, as the
+  // launcher binds the node's for a container.
+  const std::string ours = "/.strata/run/resolv.conf";
+  STRATA_RETURN_IF_ERROR(WriteFileAtomic(ours, StrCat("# strata: the node's DNS proxy answers the names this sandbox may reach\n",
+                                                      "nameserver ", parts[1], "\noptions timeout:2 attempts:2\n"),
+                                         false, 0644)
+                             .Annotate("network: resolv.conf"));
+  struct ::stat st{};
+  if (::lstat("/etc/resolv.conf", &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::unlink("/etc/resolv.conf");
+    STRATA_RETURN_IF_ERROR(MakeDirs("/etc", 0755).Annotate("network: resolv.conf"));
+    UniqueFd f(::open("/etc/resolv.conf", O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644));
+    if (!f) return ErrnoError(errno, "network: create /etc/resolv.conf");
+  }
+  if (::mount(ours.c_str(), "/etc/resolv.conf", nullptr, MS_BIND, nullptr) != 0 ||
+      ::mount(nullptr, "/etc/resolv.conf", nullptr, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, nullptr) != 0) {
+    return ErrnoError(errno, "network: bind /etc/resolv.conf");
+  }
+  return OkStatus();
+}
+
 }  // namespace
 
 bool InMicroVm() {
@@ -189,6 +261,7 @@ Result<MicroVmRoot> BootMicroVm() {
   ::chmod("/.strata", 0700);
   if (!params["hostname"].empty()) ::sethostname(params["hostname"].data(), params["hostname"].size());
   LoopbackUp();
+  if (!params["net"].empty()) STRATA_RETURN_IF_ERROR(ConfigureNetwork(params["net"]));
   return out;
 }
 

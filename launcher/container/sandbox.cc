@@ -21,6 +21,7 @@
 #include "common/strings.h"
 #include "common/unix_socket.h"
 #include "launcher/container/seccomp.h"
+#include "launcher/net/netns.h"
 #include "lazyfs/client.h"
 #include "vmm/guest_files.h"
 
@@ -192,6 +193,9 @@ NodeConfig NodeConfig::FromEnvironment() {
   if (auto v = env("STRATA_VM_KERNEL"); !v.empty()) n.vm_kernel = v;
   if (auto v = env("STRATA_VM_ACCEL"); !v.empty()) n.vm_accel = v;
   if (auto v = env("STRATA_JAIL"); !v.empty()) n.jail_binary = v;
+  if (auto v = env("STRATA_VM_BOOT_TIMEOUT"); !v.empty() && std::atoi(v.c_str()) > 0) {
+    n.vm_boot_timeout = std::chrono::seconds(std::atoi(v.c_str()));
+  }
   if (n.vm_accel.empty()) {
     // What `launcher doctor` found by booting a probe guest.
     auto found = ReadFileToString(JoinPath(n.vm_cache, "accelerator"));
@@ -355,17 +359,7 @@ Status Sandbox::Start(const SandboxSpec& spec) {
   //     owns, a veth and its rules; recorded at once, so a crash after this
   //     leaves the daemon's recovery something to remove.
   if (spec.network.routed()) {
-    if (!node_.network && node_.managed) {
-      return Error(ENOTSUP, StrCat("network mode ", NetModeName(spec.network.mode), ": sandbox networks are off on this node (",
-                                   node_.network_off_reason, ")"));
-    }
-    if (!node_.network) {
-      return Error(ENOTSUP, StrCat("network mode ", NetModeName(spec.network.mode),
-                                   " needs the launcher daemon (its DNS proxy and address pool): start `launcher serve`"));
-    }
-    STRATA_ASSIGN_OR_RETURN(SandboxNet net, node_.network->Attach(id_, spec.network));
-    net_ = net;
-    STRATA_RETURN_IF_ERROR(SaveState({{"net", net.ToJson()}}));
+    STRATA_RETURN_IF_ERROR(AttachNetwork(spec.network));
     STRATA_RETURN_IF_ERROR(WriteFileAtomic(dir_ + "/resolv.conf", node_.network->ResolvConf(), false));
     if (::chmod((dir_ + "/resolv.conf").c_str(), 0644) != 0) return ErrnoError(errno, "chmod resolv.conf");
     timer.Step("network");
@@ -525,11 +519,22 @@ Status Sandbox::VmGone() const {
   return Error(EHOSTDOWN, StrCat("sandbox ", id_, ": its microVM is gone (QEMU exited)", why.empty() ? "" : "; its console ended: " + why));
 }
 
+Status Sandbox::AttachNetwork(const NetPolicy& policy) {
+  if (!node_.network && node_.managed) {
+    return Error(ENOTSUP, StrCat("network mode ", NetModeName(policy.mode), ": sandbox networks are off on this node (",
+                                 node_.network_off_reason, ")"));
+  }
+  if (!node_.network) {
+    return Error(ENOTSUP, StrCat("network mode ", NetModeName(policy.mode),
+                                 " needs the launcher daemon (its DNS proxy and address pool): start `launcher serve`"));
+  }
+  STRATA_ASSIGN_OR_RETURN(SandboxNet net, node_.network->Attach(id_, policy));
+  net_ = net;
+  return SaveState({{"net", net.ToJson()}});
+}
+
 Status Sandbox::StartMicroVm(const SandboxSpec& spec, const json& layers) {
   StepTimer timer(id_);
-  if (spec.network.routed()) {
-    return Error(ENOTSUP, StrCat("network mode ", NetModeName(spec.network.mode), ": microVMs have no network device yet (loopback only)"));
-  }
   if (spec.network.mode == NetMode::kHost) return Error(ENOTSUP, "network mode host: a microVM cannot share the node's network");
   if (layers.size() > kMaxVmLayers) {
     return Error(E2BIG, StrCat("microVM: ", layers.size(), " layers; a microVM takes at most ", kMaxVmLayers,
@@ -566,14 +571,26 @@ Status Sandbox::StartMicroVm(const SandboxSpec& spec, const json& layers) {
   vm.cpu_quota = spec.limits.cpus;
   vm.memory = spec.limits.memory;
   vm.cgroup = node_.cgroup_parent + "/" + id_;
+  // A network: the sandbox's namespace as a container's, with its veth
+  // bridged to the guest's tap; the guest takes the address.
+  UniqueFd tap;
+  if (spec.network.routed()) {
+    STRATA_RETURN_IF_ERROR(AttachNetwork(spec.network));
+    STRATA_ASSIGN_OR_RETURN(tap, OpenGuestTap(net_->netns, net_->address));
+    vm.tap_fd = tap.get();
+    vm.address = net_->address;
+    vm.gateway = node_.network->config().gateway();
+    timer.Step("network");
+  }
   STRATA_RETURN_IF_ERROR(SaveState({{"vm", {{"accel", vm.accel}, {"kernel", vm.kernel}}}}));
   STRATA_ASSIGN_OR_RETURN(vm_, MicroVm::Start(vm));
+  tap.reset();  // (QEMU holds it: the tap goes with QEMU)
   timer.Step("start the guest");
   agent_ = std::make_unique<AgentClient>(vm.agent_socket);
   agent_->SetRulePaths(spec.files);
   // Booting under TCG on a busy node takes seconds; a guest that died
   // fails at once, with its console's last words.
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(90);
+  const auto until = std::chrono::steady_clock::now() + node_.vm_boot_timeout;
   Status ready;
   while (true) {
     STRATA_RETURN_IF_ERROR(VmGone().Annotate("boot"));
@@ -583,7 +600,8 @@ Status Sandbox::StartMicroVm(const SandboxSpec& spec, const json& layers) {
   }
   if (!ready.ok()) {
     std::string why = vm_->Why();
-    return Error(ETIMEDOUT, StrCat("microVM: the guest's agent did not answer within 90 s", why.empty() ? "" : "; its console: " + why));
+    return Error(ETIMEDOUT, StrCat("microVM: the guest's agent did not answer within ", node_.vm_boot_timeout.count(),
+                                   " s (boot)", why.empty() ? "" : "; its console: " + why));
   }
   timer.Step("boot the guest");
   return OkStatus();

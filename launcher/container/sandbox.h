@@ -6,6 +6,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <memory>
 #include <optional>
 #include <string>
@@ -51,6 +52,9 @@ struct NodeConfig {
   std::string vm_accel;  // empty: what doctor recorded, else tcg
   std::string jail_binary;
   std::string vm_cache = "/var/cache/strata/vm";
+  // How long a create waits for a booting guest's agent before it fails
+  // (STRATA_VM_BOOT_TIMEOUT, seconds): TCG on a busy node takes seconds.
+  std::chrono::seconds vm_boot_timeout{90};
 
   // Fills the defaults that depend on the environment (STRATA_* variables,
   // the agent's location).
@@ -143,6 +147,9 @@ class Sandbox {
   // The microVM back end's steps 3-6 (the layers are acquired): an upper
   // disk, the guest, its agent.
   Status StartMicroVm(const SandboxSpec& spec, const nlohmann::json& layers);
+  // A namespace, veth, address and rules of the node's network (modes allow
+  // and open), recorded in the state at once.
+  Status AttachNetwork(const NetPolicy& policy);
   // An error for a call on a microVM whose guest is gone (null if it runs).
   Status VmGone() const;
   std::string CgroupDir(const std::string& controller) const;

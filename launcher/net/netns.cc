@@ -7,9 +7,11 @@
 #include <libmnl/libmnl.h>
 #include <linux/if_addr.h>
 #include <linux/if_link.h>
+#include <linux/if_tun.h>
 #include <linux/rtnetlink.h>
 #include <linux/veth.h>
 #include <sched.h>
+#include <sys/ioctl.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -102,6 +104,30 @@ Status AddAddress(Rtnl& nl, int ifindex, uint32_t addr, std::string_view name) {
   mnl_attr_put_u32(h, IFA_LOCAL, be);
   mnl_attr_put_u32(h, IFA_ADDRESS, be);
   return nl.Send(h, StrCat("add address ", Ipv4ToString(addr), " to ", name));
+}
+
+Status DeleteAddress(Rtnl& nl, int ifindex, uint32_t addr, std::string_view name) {
+  nlmsghdr* h = nl.Begin(RTM_DELADDR, 0);
+  auto* ifa = static_cast<ifaddrmsg*>(mnl_nlmsg_put_extra_header(h, sizeof(ifaddrmsg)));
+  ifa->ifa_family = AF_INET;
+  ifa->ifa_prefixlen = 32;
+  ifa->ifa_index = static_cast<unsigned>(ifindex);
+  mnl_attr_put_u32(h, IFA_LOCAL, htonl(addr));
+  Status s = nl.Send(h, StrCat("remove address ", Ipv4ToString(addr), " from ", name));
+  if (!s.ok() && s.code() == EADDRNOTAVAIL) return OkStatus();  // (gone already)
+  return s;
+}
+
+// Makes `port` a port of the bridge `master` (and sets it up).
+Status SetMaster(Rtnl& nl, int port, int master, std::string_view name) {
+  nlmsghdr* h = nl.Begin(RTM_NEWLINK, 0);
+  auto* ifi = static_cast<ifinfomsg*>(mnl_nlmsg_put_extra_header(h, sizeof(ifinfomsg)));
+  ifi->ifi_family = AF_UNSPEC;
+  ifi->ifi_index = port;
+  ifi->ifi_flags = IFF_UP;
+  ifi->ifi_change = IFF_UP;
+  mnl_attr_put_u32(h, IFLA_MASTER, static_cast<uint32_t>(master));
+  return nl.Send(h, StrCat("add ", name, " to the guest's bridge"));
 }
 
 // A route to dst/prefix out of ifindex, through `via` when non-zero.
@@ -222,6 +248,52 @@ Status CreateSandboxLink(const SandboxLink& link) {
     STRATA_RETURN_IF_ERROR(AddRoute(inner, link.gateway, 32, eth0, 0, "route to the gateway in the sandbox"));
     return AddRoute(inner, 0, 0, eth0, link.gateway, "default route in the sandbox");
   });
+}
+
+Result<UniqueFd> OpenGuestTap(const std::string& netns_path, uint32_t address) {
+  UniqueFd ns(::open(netns_path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (ns.get() < 0) return ErrnoError(errno, "open " + netns_path);
+  UniqueFd tap;
+  Status s = InNetns(ns.get(), [&]() -> Status {
+    STRATA_ASSIGN_OR_RETURN(Rtnl nl, Rtnl::Open());
+    const int eth0 = static_cast<int>(::if_nametoindex("eth0"));
+    if (eth0 == 0) return ErrnoError(errno, "find eth0 in the sandbox's namespace");
+    // The address is the guest's now: the namespace must not answer ARP
+    // for it (its routes go with it).
+    STRATA_RETURN_IF_ERROR(DeleteAddress(nl, eth0, address, "the sandbox's eth0"));
+    {
+      nlmsghdr* h = nl.Begin(RTM_NEWLINK, NLM_F_CREATE | NLM_F_EXCL);
+      auto* ifi = static_cast<ifinfomsg*>(mnl_nlmsg_put_extra_header(h, sizeof(ifinfomsg)));
+      ifi->ifi_family = AF_UNSPEC;
+      mnl_attr_put_strz(h, IFLA_IFNAME, "br0");
+      nlattr* info = mnl_attr_nest_start(h, IFLA_LINKINFO);
+      mnl_attr_put_strz(h, IFLA_INFO_KIND, "bridge");
+      mnl_attr_nest_end(h, info);
+      Status made = nl.Send(h, "create the guest's bridge br0");
+      if (!made.ok() && made.code() != EEXIST) return made;
+    }
+    // Frames crossing the bridge are not the namespace's to filter (the
+    // node's rules judge them on the veth).
+    for (const char* knob : {"bridge-nf-call-iptables", "bridge-nf-call-ip6tables", "bridge-nf-call-arptables"}) {
+      WriteSysctl(StrCat("/proc/sys/net/bridge/", knob), "0");
+    }
+    const int bridge = static_cast<int>(::if_nametoindex("br0"));
+    if (bridge == 0) return ErrnoError(errno, "find br0 in the sandbox's namespace");
+    STRATA_RETURN_IF_ERROR(SetUp(nl, bridge, "br0"));
+    STRATA_RETURN_IF_ERROR(SetMaster(nl, eth0, bridge, "eth0"));
+    // The tap, not persistent: it lives as long as a descriptor of it.
+    tap = UniqueFd(::open("/dev/net/tun", O_RDWR | O_CLOEXEC));
+    if (!tap) return ErrnoError(errno, "open /dev/net/tun");
+    ifreq ifr{};
+    std::strncpy(ifr.ifr_name, "tap0", IFNAMSIZ - 1);
+    ifr.ifr_flags = IFF_TAP | IFF_NO_PI | IFF_VNET_HDR;
+    if (::ioctl(tap.get(), TUNSETIFF, &ifr) != 0) return ErrnoError(errno, "create the guest's tap0");
+    const int tap_index = static_cast<int>(::if_nametoindex("tap0"));
+    if (tap_index == 0) return ErrnoError(errno, "find tap0 in the sandbox's namespace");
+    return SetMaster(nl, tap_index, bridge, "tap0");
+  });
+  if (!s.ok()) return s.Annotate("give sandbox network " + netns_path + " to its guest");
+  return tap;
 }
 
 Status DeleteLink(const std::string& name) {

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "common/status.h"
+#include "common/unique_fd.h"
 
 namespace strata::launcher {
 
@@ -35,6 +36,14 @@ struct SandboxLink {
 // gateway, and the default route through it. IPv6 is off on both ends
 // (sandboxes have IPv4 only) and loopback is up.
 Status CreateSandboxLink(const SandboxLink& link);
+// Hands a sandbox's link to a guest (a microVM): in the namespace, eth0
+// gives up its address (the guest takes it) and becomes a port of a bridge
+// "br0" with a new tap "tap0", so the guest's frames reach the node's end
+// of the veth as the namespace's own would; the node's routes and rules,
+// which know the address only, are unchanged. Returns the tap's descriptor
+// for the hypervisor: the tap goes away with its last descriptor.
+Result<UniqueFd> OpenGuestTap(const std::string& netns_path, uint32_t address);
+
 // Deletes the node's end (the namespace's goes with it). Missing is fine.
 Status DeleteLink(const std::string& name);
 // Whether the node has an interface of that name.

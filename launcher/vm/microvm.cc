@@ -21,6 +21,7 @@
 #include "common/strings.h"
 #include "common/subprocess.h"
 #include "common/unix_socket.h"
+#include "launcher/net/policy.h"
 #include "vmm/qemu.h"
 
 namespace strata::launcher {
@@ -140,6 +141,14 @@ Result<std::unique_ptr<MicroVm>> MicroVm::Start(const MicroVmSpec& spec) {
     g.disks.push_back({spec.layers[i].blob, true, StrCat("l", i, "b")});
   }
   g.disks.push_back({spec.upper_disk, false, "upper"});
+  if (spec.tap_fd >= 0) {
+    // The guest sets the address itself (vm_init.cc); its MAC is made of it.
+    g.cmdline += StrCat(" strata.net=", Ipv4ToString(spec.address), ",", Ipv4ToString(spec.gateway));
+    char mac[32];
+    std::snprintf(mac, sizeof mac, "52:54:00:%02x:%02x:%02x", (spec.address >> 16) & 0xff, (spec.address >> 8) & 0xff,
+                  spec.address & 0xff);
+    g.nic = vmm::GuestNic{spec.tap_fd, mac};
+  }
   g.cpus = std::max(spec.cpus, 1);
   g.memory = memory;
   g.state_dir = spec.dir + "/vm";

@@ -35,6 +35,11 @@ struct MicroVmSpec {
   double cpu_quota = 0;     // cores; 0: none
   uint64_t memory = 0;      // guest RAM
   std::string cgroup;       // relative: "<parent>/<id>"
+  // A network (launcher/net/netns.h, OpenGuestTap): the tap the caller
+  // holds open until Start returns, and the address and gateway the guest
+  // sets on its eth0. tap_fd < 0: loopback only.
+  int tap_fd = -1;
+  uint32_t address = 0, gateway = 0;
 };
 
 // Guest RAM when --memory is not given.

@@ -13,6 +13,7 @@
 #include <set>
 
 #include "tests/launcher/fixture.h"
+#include "vmm/guest_files.h"
 
 namespace strata::launcher {
 namespace {
@@ -308,6 +309,60 @@ TEST_F(MicroVmTest, BadInputFailsClearlyWithinADeadline) {
   ASSERT_TRUE(many.ok());
   EXPECT_NE(many->exit_code, 0);
   EXPECT_NE(many->err.find("at most 10"), std::string::npos) << many->err;
+}
+
+TEST_F(MicroVmTest, AGuestThatNeverAnswersFailsAtTheBootDeadline) {
+  // An initramfs whose /init is not the agent (busybox's init: it runs on
+  // and never answers the channel).
+  ASSERT_EQ(::access("/bin/busybox", X_OK), 0) << "busybox-static is not installed";
+  ASSERT_OK_AND_ASSIGN(std::string busybox, ReadFileToString("/bin/busybox"));
+  ASSERT_OK(WriteFileAtomic(dir_.Sub("not-an-agent"), busybox, false, 0755));
+  env_.push_back("STRATA_AGENT=" + dir_.Sub("not-an-agent"));
+  env_.push_back("STRATA_VM_BOOT_TIMEOUT=8");
+  StartDaemon();
+  const auto start = std::chrono::steady_clock::now();
+  auto silent = Cli({"create", "--backend", "microvm", "--layer", "busybox:1"});
+  ASSERT_TRUE(silent.ok());
+  EXPECT_NE(silent->exit_code, 0);
+  EXPECT_NE(silent->err.find("did not answer within 8 s (boot)"), std::string::npos) << silent->err;
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 40s);
+  ExpectHostClean();
+}
+
+// Below the daemon: a guest given a layer disk that is no EROFS image
+// stops at that step, says so on its console, and powers off.
+TEST_F(MicroVmTest, ALayerThatDoesNotMountInTheGuestStopsItsBoot) {
+  const NodeConfig node = NodeConfig::FromEnvironment();
+  const std::string build = testing::TestBinaryDir() + "/../..";
+  MicroVmSpec spec;
+  spec.id = "sb-badlayer";
+  spec.dir = dir_.Sub("run/sb-badlayer");
+  ASSERT_OK(MakeDirs(spec.dir, 0700));
+  spec.agent_socket = spec.dir + "/agent.sock";
+  ASSERT_OK(WriteFileAtomic(dir_.Sub("zeros.meta"), std::string(1 << 20, '\0')));
+  ASSERT_OK(WriteFileAtomic(dir_.Sub("zeros.blob"), std::string(1 << 20, '\0')));
+  spec.layers = {{dir_.Sub("zeros.meta"), dir_.Sub("zeros.blob")}};
+  ASSERT_OK_AND_ASSIGN(spec.upper_disk, vmm::EnsureExt4Template(dir_.Sub("templates"), uint64_t{64} << 20));
+  spec.console_log = spec.dir + "/console.log";
+  spec.kernel = kernel_;
+  ASSERT_OK_AND_ASSIGN(spec.initramfs, vmm::EnsureInitramfs(build + "/launcher/strata-agent", dir_.Sub("vm-cache")));
+  spec.jail_binary = build + "/vmm/strata-jail";
+  spec.accel = node.vm_accel;
+  spec.memory = uint64_t{128} << 20;
+  spec.cgroup = cgroup_parent_ + "/" + spec.id;
+  ASSERT_OK_AND_ASSIGN(auto vm, MicroVm::Start(spec));
+  const auto until = std::chrono::steady_clock::now() + 60s;
+  while (vm->Running() && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(100ms);
+  EXPECT_FALSE(vm->Running()) << "the guest did not stop within 60 s";
+  const std::string why = vm->Why();
+  EXPECT_NE(why.find("boot: layer 0"), std::string::npos) << why;
+  EXPECT_NE(why.find("erofs"), std::string::npos) << why;
+  EXPECT_OK(vm->Stop());
+  vm.reset();
+  for (const char* c : kControllers) ::rmdir(StrCat("/sys/fs/cgroup/", c, "/", spec.cgroup).c_str());
+  ::rmdir(StrCat("/sys/fs/cgroup/", spec.cgroup).c_str());
+  ASSERT_OK(RemoveTree(spec.dir));
+  ExpectHostClean();
 }
 
 TEST_F(MicroVmTest, ManyMicroVmsWithRandomKillsLeaveNothing) {

@@ -128,6 +128,8 @@ class Node:
             except OSError:
                 pass
         try:
+            # The upper disk templates of microVMs (vmm/guest_files.h).
+            shutil.rmtree(os.path.join(self.uppers, ".vm-templates"), ignore_errors=True)
             if os.path.isdir(os.path.join(self.uppers, ".snapshots")):
                 os.rmdir(os.path.join(self.uppers, ".snapshots"))  # made by the first snapshot
             os.rmdir(self.uppers)

@@ -350,6 +350,49 @@ def test_create_destroy_loop(client, net_node):
     assert node_leftovers(net_node) == []
 
 
+VM_KERNEL = os.environ.get("STRATA_VM_KERNEL", "/var/cache/strata/guest-kernel/vmlinux")
+
+
+def test_microvm(client, net_node, host_server):
+    """A microVM's network: its tap bridged to the sandbox's veth in its
+    namespace, so the node's rules and DNS proxy judge it as a container's."""
+    if not os.path.exists(VM_KERNEL):
+        pytest.skip(f"no guest kernel at {VM_KERNEL} (scripts/guest-kernel)")
+    sb = client.create(layers=["busybox:1"], backend="microvm", network="allow", allow=["a.test"], memory=128 << 20)
+    try:
+        address = sb.network()["address"]
+        assert address in sb.exec("ip -4 addr show eth0").stdout.decode()
+        assert sb.exec("cat /etc/resolv.conf").stdout.decode().count(GATEWAY) == 1
+        code, out = fetch(sb, "a.test")
+        assert code == 0 and "hello from 198.18.1.1" in out, out
+        ok, out = resolves(sb, "b.test")
+        assert not ok and "NXDOMAIN" in out, out
+        refused(sb, NAMES["b.test"])
+        refused(sb, GATEWAY, host_server.port)
+        refused(sb, PRIVATE_HOST)
+        # A phase change cuts what the new policy refuses.
+        download = sb.exec("wget -O /tmp/slow http://a.test/slow; echo rc=$?", detach=True)
+        for _ in range(200):
+            if sb.exec("wc -c < /tmp/slow 2>/dev/null || echo 0").stdout.strip() not in (b"", b"0"):
+                break
+            time.sleep(0.05)
+        sb.set_network("none")
+        result = download.wait(timeout=10)
+        assert b"rc=1" in result.stdout, result
+        refused(sb, NAMES["a.test"])
+        # The daemon killed and restarted: QEMU keeps its tap, the node its rules.
+        sb.set_network("allow", ["b.test"])
+        net_node.restart()
+        code, out = fetch(sb, "b.test")
+        assert code == 0 and "hello from 198.18.1.2" in out, out
+        refused(sb, NAMES["a.test"])
+    finally:
+        sb.destroy()
+    assert node_leftovers(net_node) == []
+    qemu = subprocess.run(["pgrep", "-f", f"qemu-system.* -name {sb.id} "], capture_output=True, text=True)
+    assert qemu.stdout == "", "QEMU outlived its sandbox: " + qemu.stdout
+
+
 def test_function_call_pool(client, net_node):
     # (Last: its pool stays warm for a while after, with its network.)
     # A function-call sandbox: its pool's policy, fixed at create.
