@@ -406,7 +406,7 @@ DoctorCheck CheckMicroVm(const NodeConfig& node) {
     c.detail = "microVMs off: qemu-system-x86_64 is not installed (apt-get install qemu-system-x86)";
     return c;
   }
-  auto initramfs = vmm::EnsureInitramfs(node.agent_binary, node.vm_cache);
+  auto initramfs = vmm::EnsureInitramfs(node.agent_binary, {}, node.vm_cache);
   if (!initramfs.ok()) {
     c.ok = false;
     c.detail = initramfs.status().ToString();

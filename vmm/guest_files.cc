@@ -23,7 +23,7 @@ namespace strata::vmm {
 
 namespace {
 
-Status WriteCpio(const std::string& path, const std::string& init) {
+Status WriteCpio(const std::string& path, const std::string& init, const std::vector<InitramfsFile>& files) {
   const ArchiveApi& api = Archive();
   STRATA_RETURN_IF_ERROR(api.status);
   archive* a = api.write_new();
@@ -42,11 +42,12 @@ Status WriteCpio(const std::string& path, const std::string& init) {
     dev_t rdev;
     const std::string* data;
   };
-  const Item items[] = {
+  std::vector<Item> items = {
       {"dev", AE_IFDIR, 0755, 0, nullptr},           {"dev/console", AE_IFCHR, 0600, makedev(5, 1), nullptr},
       {"proc", AE_IFDIR, 0555, 0, nullptr},          {"sys", AE_IFDIR, 0555, 0, nullptr},
       {"mnt", AE_IFDIR, 0755, 0, nullptr},           {"init", AE_IFREG, 0755, 0, &init},
   };
+  for (const auto& f : files) items.push_back({f.name.c_str(), AE_IFREG, 0644, 0, &f.data});
   for (const Item& item : items) {
     archive_entry* e = api.entry_new();
     api.entry_set_pathname(e, item.name);
@@ -69,12 +70,21 @@ Status WriteCpio(const std::string& path, const std::string& init) {
 
 }  // namespace
 
-Result<std::string> EnsureInitramfs(const std::string& agent_binary, const std::string& cache_dir) {
+Result<std::string> EnsureInitramfs(const std::string& agent_binary, const std::vector<InitramfsFile>& files,
+                                    const std::string& cache_dir) {
+  for (const auto& f : files) {
+    if (f.name.empty() || f.name.find('/') != std::string::npos || f.name == "init") {
+      return Error(EINVAL, "initramfs: a file named \"" + f.name + "\" (a name at the root, not init)");
+    }
+  }
   // The agent hashed once per (path, size, mtime) in this process: every
-  // create asks.
+  // create asks. (The other files are small.)
   struct stat st{};
   if (::stat(agent_binary.c_str(), &st) != 0) return ErrnoError(errno, "initramfs: stat the agent " + agent_binary);
-  const std::string key = StrCat(agent_binary, "\n", st.st_size, "\n", st.st_mtim.tv_sec, ".", st.st_mtim.tv_nsec, "\n", cache_dir);
+  std::string extras;
+  for (const auto& f : files) extras += StrCat(f.name, "\n", f.data.size(), "\n", f.data);
+  const std::string key = StrCat(agent_binary, "\n", st.st_size, "\n", st.st_mtim.tv_sec, ".", st.st_mtim.tv_nsec, "\n", cache_dir,
+                                 "\n", HashBytes(extras).Hex());
   static std::mutex mu;
   static std::map<std::string, std::string> made;
   {
@@ -83,7 +93,7 @@ Result<std::string> EnsureInitramfs(const std::string& agent_binary, const std::
   }
   auto init = ReadFileToString(agent_binary);
   if (!init.ok()) return init.status().Annotate("initramfs: read the agent");
-  const std::string path = StrCat(cache_dir, "/initramfs-", HashBytes(*init).Hex().substr(0, 16), ".cpio");
+  const std::string path = StrCat(cache_dir, "/initramfs-", HashBytes(*init + extras).Hex().substr(0, 16), ".cpio");
   auto remember = [&] {
     std::lock_guard lock(mu);
     made[key] = path;
@@ -94,7 +104,7 @@ Result<std::string> EnsureInitramfs(const std::string& agent_binary, const std::
   }
   STRATA_RETURN_IF_ERROR(MakeDirs(cache_dir, 0755));
   const std::string tmp = StrCat(path, ".tmp.", ::getpid(), ".", ::gettid());  // (one per thread)
-  Status s = WriteCpio(tmp, *init);
+  Status s = WriteCpio(tmp, *init, files);
   if (s.ok() && ::chmod(tmp.c_str(), 0644) != 0) s = ErrnoError(errno, "chmod " + tmp);
   if (s.ok() && ::rename(tmp.c_str(), path.c_str()) != 0) s = ErrnoError(errno, "rename " + tmp);
   if (!s.ok()) {

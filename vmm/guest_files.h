@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "common/status.h"
 
@@ -12,10 +13,18 @@ namespace strata::vmm {
 
 inline constexpr const char* kDefaultGuestCache = "/var/cache/strata/vm";
 
+// A file of the initramfs besides /init: its name at the root, mode 0644.
+struct InitramfsFile {
+  std::string name;
+  std::string data;
+};
+
 // An initramfs (cpio "newc", written with libarchive) whose /init is
-// `agent_binary`, with /dev/console and the mount points the agent uses.
-// Cached in `cache_dir` by the binary's hash; returns its path.
-Result<std::string> EnsureInitramfs(const std::string& agent_binary, const std::string& cache_dir = kDefaultGuestCache);
+// `agent_binary`, with /dev/console, the mount points the agent uses and
+// `files`. Cached in `cache_dir` by the hash of what it holds; returns its
+// path.
+Result<std::string> EnsureInitramfs(const std::string& agent_binary, const std::vector<InitramfsFile>& files = {},
+                                    const std::string& cache_dir = kDefaultGuestCache);
 
 // An empty ext4 filesystem image of `bytes` (sparse) in `dir`, made once
 // per size with mkfs.ext4 (every inode table written, so guests never

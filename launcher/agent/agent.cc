@@ -204,22 +204,36 @@ int EnterLandlockDomain() {
   return rc;
 }
 
-// The command keeps the container's usual capabilities, not the two the
-// agent holds to build its namespaces, and runs under the default seccomp
-// profile.
+// What a command may hold: a container's usual capabilities
+// (launcher/container/oci_config.cc), without the two the agent holds to
+// build its namespaces (CAP_SYS_ADMIN, CAP_NET_ADMIN) and without
+// CAP_MKNOD. In a container the user namespace already makes those three
+// harmless or absent; in a microVM the agent is the guest's real root, and
+// they, CAP_SYS_PTRACE (its /proc/1/root) and the rest would undo file rules.
+constexpr int kCommandCapabilities[] = {CAP_CHOWN,   CAP_DAC_OVERRIDE, CAP_FSETID,           CAP_FOWNER,     CAP_NET_RAW,
+                                        CAP_SETGID,  CAP_SETUID,       CAP_SETFCAP,          CAP_SETPCAP,    CAP_NET_BIND_SERVICE,
+                                        CAP_SYS_CHROOT, CAP_KILL,      CAP_AUDIT_WRITE};
+
+// The command keeps only kCommandCapabilities and runs under the default
+// seccomp profile.
 int DropCallPrivileges(const std::string& seccomp) {
-  constexpr int kDropped[] = {CAP_SYS_ADMIN, CAP_NET_ADMIN};
-  for (int cap : kDropped) {
-    if (::prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0) return errno;
+  uint64_t keep = 0;
+  for (int cap : kCommandCapabilities) keep |= uint64_t{1} << cap;
+  for (int cap = 0; cap < 64; ++cap) {
+    if (keep & (uint64_t{1} << cap)) continue;
+    if (::prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0) {
+      if (errno == EINVAL) break;  // past the kernel's last capability
+      return errno;
+    }
   }
   __user_cap_header_struct header{_LINUX_CAPABILITY_VERSION_3, 0};
   __user_cap_data_struct data[2];
   if (::syscall(SYS_capget, &header, data) != 0) return errno;
-  for (int cap : kDropped) {
-    const uint32_t bit = 1u << (cap % 32);
-    data[cap / 32].effective &= ~bit;
-    data[cap / 32].permitted &= ~bit;
-    data[cap / 32].inheritable &= ~bit;
+  for (int half = 0; half < 2; ++half) {
+    const uint32_t mask = static_cast<uint32_t>(keep >> (32 * half));
+    data[half].effective &= mask;
+    data[half].permitted &= mask;
+    data[half].inheritable &= mask;
   }
   if (::syscall(SYS_capset, &header, data) != 0) return errno;
   if (::prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) != 0) return errno;

@@ -24,6 +24,7 @@
 
 #include "common/fs.h"
 #include "common/strings.h"
+#include "launcher/container/oci_config.h"
 
 namespace strata::launcher {
 
@@ -162,7 +163,7 @@ Status ConfigureNetwork(const std::string& value) {
   }
   // /etc/resolv.conf: a read-only bind of the agent's own copy, as the
   // launcher binds the node's for a container.
-  const std::string ours = "/.strata/run/resolv.conf";
+  const std::string ours = StrCat(kAgentSocketDir, "/resolv.conf");
   STRATA_RETURN_IF_ERROR(WriteFileAtomic(ours, StrCat("# strata: the node's DNS proxy answers the names this sandbox may reach\n",
                                                       "nameserver ", parts[1], "\noptions timeout:2 attempts:2\n"),
                                          false, 0644)
@@ -223,7 +224,15 @@ Result<MicroVmRoot> BootMicroVm() {
   STRATA_RETURN_IF_ERROR(Mount("proc", root + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "", "root"));
   STRATA_RETURN_IF_ERROR(Mount("sysfs", root + "/sys", "sysfs", MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_RDONLY, "", "root"));
   STRATA_RETURN_IF_ERROR(MakeDev(root + "/dev"));
-  STRATA_RETURN_IF_ERROR(Mount("tmpfs", root + "/.strata/run", "tmpfs", MS_NOSUID | MS_NODEV, "mode=0700,size=1m", "root"));
+  STRATA_RETURN_IF_ERROR(Mount("tmpfs", root + kAgentSocketDir, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0700,size=1m", "root"));
+  {
+    // The commands' seccomp program: the launcher put it in the initramfs
+    // (a container's agent finds it in the same place, bound there).
+    auto bpf = ReadFileToString(std::string("/") + kCommandSeccompName);
+    if (!bpf.ok()) return bpf.status().Annotate("boot: the commands' seccomp program in the initramfs");
+    STRATA_RETURN_IF_ERROR(WriteFileAtomic(StrCat(root, kAgentSocketDir, "/", kCommandSeccompName), *bpf, false, 0644)
+                               .Annotate("boot: the commands' seccomp program"));
+  }
   // The upper disk's mount, kept reachable for FIFREEZE (only the agent
   // looks there: 0700 and below /.strata).
   STRATA_RETURN_IF_ERROR(Mount(kUpperMount, root + kUpperKeep, nullptr, MS_BIND, "", "root"));

@@ -245,6 +245,17 @@ class StepTimer {
 };
 }  // namespace
 
+namespace {
+// The default seccomp profile as the BPF each command loads (compiled once
+// per node and profile, and cached beside the run directory).
+Result<std::string> CommandSeccompProgram(const NodeConfig& node) {
+  STRATA_ASSIGN_OR_RETURN(std::string bpf64, CompiledSeccompBase64(DefaultSeccompProfile(), JoinPath(Dirname(node.run_dir), "seccomp")));
+  auto bpf = Base64Decode(bpf64);
+  if (!bpf) return Error(EINVAL, "seccomp cache: not base64");
+  return std::move(*bpf);
+}
+}  // namespace
+
 Status Sandbox::Start(const SandboxSpec& spec) {
   StepTimer timer(id_);
   if (node_.agent_binary.empty()) {
@@ -423,11 +434,9 @@ Status Sandbox::Start(const SandboxSpec& spec) {
   {
     // Each command and call loads the default profile on top of the
     // agent's (the agent reads it from its socket directory).
-    STRATA_ASSIGN_OR_RETURN(std::string bpf64, CompiledSeccompBase64(DefaultSeccompProfile(), seccomp_cache));
-    auto bpf = Base64Decode(bpf64);
-    if (!bpf) return Error(EINVAL, "seccomp cache: not base64");
+    STRATA_ASSIGN_OR_RETURN(std::string bpf, CommandSeccompProgram(node_));
     const std::string path = dir_ + "/agent/" + kCommandSeccompName;
-    STRATA_RETURN_IF_ERROR(WriteFileAtomic(path, *bpf, false));
+    STRATA_RETURN_IF_ERROR(WriteFileAtomic(path, bpf, false));
     if (::chmod(path.c_str(), 0644) != 0) return ErrnoError(errno, "chmod " + path);
   }
   STRATA_RETURN_IF_ERROR(WriteFileAtomic(dir_ + "/config.json", OciConfig(config).dump(), false));
@@ -563,7 +572,11 @@ Status Sandbox::StartMicroVm(const SandboxSpec& spec, const json& layers) {
   vm.console_log = upper_->path() + "/console.log";
   STRATA_RETURN_IF_ERROR(vmm::CloneFile(image, vm.upper_disk).Annotate("microVM upper disk"));
   timer.Step("upper disk");
-  STRATA_ASSIGN_OR_RETURN(vm.initramfs, vmm::EnsureInitramfs(node_.agent_binary, node_.vm_cache));
+  // The initramfs carries the commands' seccomp program (a container's
+  // agent finds it in its socket directory).
+  STRATA_ASSIGN_OR_RETURN(std::string command_bpf, CommandSeccompProgram(node_));
+  STRATA_ASSIGN_OR_RETURN(vm.initramfs, vmm::EnsureInitramfs(node_.agent_binary, {{kCommandSeccompName, std::move(command_bpf)}},
+                                                             node_.vm_cache));
   vm.kernel = node_.vm_kernel;
   vm.jail_binary = node_.jail_binary;
   vm.accel = node_.vm_accel;

@@ -69,7 +69,7 @@ static int Body(int argc, char** argv) {
 
   // The baseline: the same kernel, machine and accelerator, no disks; its
   // init (the agent, finding none) powers off at once.
-  const std::string initramfs = Check(vmm::EnsureInitramfs(node.agent_binary, node.vm_cache));
+  const std::string initramfs = Check(vmm::EnsureInitramfs(node.agent_binary, {}, node.vm_cache));
   const std::vector<std::string> bare = vmm::BareBootCommandLine(node.vm_kernel, initramfs, node.vm_accel);
   auto boot_once = [&] {
     auto r = Check(RunCommand({.argv = bare, .timeout = std::chrono::seconds(120)}));

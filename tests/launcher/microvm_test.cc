@@ -12,6 +12,7 @@
 #include <random>
 #include <set>
 
+#include "tests/launcher/file_attack.h"
 #include "tests/launcher/fixture.h"
 #include "vmm/guest_files.h"
 
@@ -345,7 +346,7 @@ TEST_F(MicroVmTest, ALayerThatDoesNotMountInTheGuestStopsItsBoot) {
   ASSERT_OK_AND_ASSIGN(spec.upper_disk, vmm::EnsureExt4Template(dir_.Sub("templates"), uint64_t{64} << 20));
   spec.console_log = spec.dir + "/console.log";
   spec.kernel = kernel_;
-  ASSERT_OK_AND_ASSIGN(spec.initramfs, vmm::EnsureInitramfs(build + "/launcher/strata-agent", dir_.Sub("vm-cache")));
+  ASSERT_OK_AND_ASSIGN(spec.initramfs, vmm::EnsureInitramfs(build + "/launcher/strata-agent", {}, dir_.Sub("vm-cache")));
   spec.jail_binary = build + "/vmm/strata-jail";
   spec.accel = node.vm_accel;
   spec.memory = uint64_t{128} << 20;
@@ -363,6 +364,59 @@ TEST_F(MicroVmTest, ALayerThatDoesNotMountInTheGuestStopsItsBoot) {
   ::rmdir(StrCat("/sys/fs/cgroup/", spec.cgroup).c_str());
   ASSERT_OK(RemoveTree(spec.dir));
   ExpectHostClean();
+}
+
+// File rules hold in a guest as in a container: its commands get a
+// container's capabilities and seccomp profile, though the agent is the
+// guest's real root (tests/launcher/file_rules_test.cc has the container's).
+TEST_F(MicroVmTest, FileRulesHoldInAGuest) {
+  StartDaemon();
+  const std::string id = CreateVm({"--deny", "/grader", "--read-only", "/opt/harness"});
+  ASSERT_FALSE(id.empty());
+  const std::string container = Create({"--deny", "/grader"});
+  ASSERT_FALSE(container.empty());
+  auto put = [&](const std::string& content, const std::string& path, mode_t mode) {
+    const std::string local = dir_.Sub("put" + std::to_string(std::hash<std::string>{}(path)));
+    ASSERT_OK(WriteFileAtomic(local, content, false, mode));
+    ASSERT_OK_AND_ASSIGN(auto r, Cli({"cp", local, id + ":" + path}));
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+  };
+  ASSERT_OK_AND_ASSIGN(std::string prober, ReadFileToString(testing::TestBinaryDir() + "/strata-test-prober"));
+  put(prober, "/usr/bin/prober", 0755);
+  put("#!/bin/sh\necho harness ran\n", "/opt/harness/run.sh", 0755);
+  ASSERT_OK_AND_ASSIGN(auto hold, Cli({"exec", id, "--", "sh", "-c",
+                                       "prober hold /tmp/fds /grader / > /tmp/hold.log 2>&1 & "
+                                       "for i in $(seq 100); do grep -q holding /tmp/hold.log 2>/dev/null && exit 0; sleep 0.1; done; exit 1"}));
+  ASSERT_EQ(hold.exit_code, 0) << hold.err;
+  put(std::string(kSecret) + "\n", "/grader/secret", 0644);
+  ASSERT_OK_AND_ASSIGN(auto grader, Cli({"exec", id, "--role", "grader", "--", "cat", "/grader/secret"}));
+  EXPECT_EQ(grader.out, std::string(kSecret) + "\n") << grader.err;
+  // Every route a container's command has, and the guest's own: its raw
+  // upper disk (a device node made for it) and its kernel's interfaces.
+  const std::string guest_routes = R"sh(
+echo rawdisk; sync; for b in /sys/block/vd*; do [ "$(cat $b/serial)" = upper ] && mknod /dev/upper-disk b $(tr : ' ' < $b/dev); done
+head -c 268435456 /dev/upper-disk | grep -a -o 'answer is 4.'; mkdir -p /tmp/m; mount -t ext4 /dev/upper-disk /tmp/m && cat /tmp/m/upper/grader/secret
+echo unmount; umount /grader && cat /grader/secret; mount -t tmpfs none /grader && ls -A /grader
+echo end-of-guest-routes
+)sh";
+  ASSERT_OK_AND_ASSIGN(auto attack, Cli({"exec", id, "--", "sh", "-c", std::string(kAttack) + guest_routes}));
+  EXPECT_EQ(attack.out.find("42"), std::string::npos) << "leaked:\n" << attack.out << attack.err;
+  EXPECT_EQ(attack.err.find("42"), std::string::npos) << "leaked:\n" << attack.err;
+  EXPECT_NE(attack.out.find("\nend\n"), std::string::npos) << attack.out << attack.err;
+  EXPECT_NE(attack.out.find("received 4"), std::string::npos) << attack.out << attack.err;
+  EXPECT_NE(attack.out.find("end-of-guest-routes"), std::string::npos) << attack.out << attack.err;
+  ASSERT_OK_AND_ASSIGN(auto control, Cli({"exec", id, "--role", "grader", "--", "sh", "-c", kAttack}));
+  EXPECT_NE(control.out.find(kSecret), std::string::npos) << control.out << control.err;
+  ASSERT_OK_AND_ASSIGN(auto tamper, Cli({"exec", id, "--", "sh", "-c",
+                                         "echo evil >> /opt/harness/run.sh || echo no-write; mv /opt /opt2 || echo no-mv; "
+                                         "/opt/harness/run.sh"}));
+  EXPECT_EQ(tamper.out, "no-write\nno-mv\nharness ran\n") << tamper.err;
+  // The same capabilities as a container's command.
+  const char* caps = "grep -E '^Cap(Prm|Eff|Bnd|Amb)' /proc/self/status; grep -E '^(NoNewPrivs|Seccomp):' /proc/self/status";
+  ASSERT_OK_AND_ASSIGN(auto in_vm, Cli({"exec", id, "--", "sh", "-c", caps}));
+  ASSERT_OK_AND_ASSIGN(auto in_ct, Cli({"exec", container, "--", "sh", "-c", caps}));
+  EXPECT_EQ(in_vm.out, in_ct.out) << in_vm.err << in_ct.err;
+  EXPECT_NE(in_vm.out.find("Seccomp:\t2"), std::string::npos) << in_vm.out;
 }
 
 TEST_F(MicroVmTest, ManyMicroVmsWithRandomKillsLeaveNothing) {

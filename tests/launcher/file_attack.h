@@ -1,0 +1,34 @@
+// The attack on hidden grader files that the file-rule tests run from
+// inside a sandbox (a container's, tests/launcher/file_rules_test.cc, and
+// a microVM's, tests/launcher/microvm_test.cc).
+#pragma once
+
+namespace strata::launcher {
+
+inline constexpr const char* kSecret = "the answer is 42";
+
+// Every route to /grader/secret we know of, tried by one shell script; the
+// output holds the secret if any route leaks it. Each attempt prints a
+// label first, so a test can see the route was really tried.
+inline constexpr const char* kAttack = R"sh(
+echo direct; cat /grader/secret
+echo list; ls -A /grader
+echo symlink; ln -s /grader/secret /tmp/sl; cat /tmp/sl
+echo hardlink; ln /grader/secret /tmp/hl && cat /tmp/hl
+echo copy; cp -r /grader /tmp/copy; cat /tmp/copy/secret
+echo bind; mkdir -p /tmp/bind; mount --bind /grader /tmp/bind && cat /tmp/bind/secret
+echo proc
+for p in /proc/[0-9]*; do
+  cat $p/root/grader/secret $p/cwd/secret 2>&1
+  for f in $p/fd/*; do
+    case "$(readlink $f 2>/dev/null)" in pipe:*|socket:*|anon_inode:*) ;; *) head -c 100 $f 2>&1; cat $f/secret $f/grader/secret 2>&1 ;; esac
+  done
+done
+echo openat2; prober openat2 / grader/secret
+echo passed; prober fetch /tmp/fds secret; prober fetch /tmp/fds grader/secret
+echo parent; ls /proc/$PPID/fd 2>&1 | head -c 300
+echo tree; (setsid sh -c 'sleep 0.2; cat /grader/secret /proc/1/root/grader/secret > /tmp/daemon.out 2>&1' &); sleep 0.6; cat /tmp/daemon.out
+echo end
+)sh";
+
+}  // namespace strata::launcher
