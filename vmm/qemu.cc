@@ -219,14 +219,18 @@ std::vector<std::string> QemuHypervisor::CommandLine(const GuestSpec& spec) cons
     a.insert(a.end(), {"-netdev", StrCat("tap,id=net0,fd=", fd++, ",vhost=off"), "-device",
                        StrCat("virtio-net-device,netdev=net0,mac=", spec.nic->mac)});
   }
+  // Entropy from the host (QEMU's getrandom): without it the guest's
+  // random pool is not ready for about a second after boot, and a
+  // getrandom() (the agent's temporary names, a command's Python) waits.
+  a.insert(a.end(), {"-device", "virtio-rng-device"});
   a.insert(a.end(), {"-sandbox", "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny"});
   return a;
 }
 
 Result<std::unique_ptr<Guest>> QemuHypervisor::Start(const GuestSpec& spec) {
-  if (spec.disks.size() + (spec.nic ? 1 : 0) > 23) {
+  if (spec.disks.size() + (spec.nic ? 1 : 0) > 22) {
     return Error(E2BIG, StrCat("microVM ", spec.name, ": ", spec.disks.size(), " disks", spec.nic ? " and a network card" : "",
-                               ", and microvm has 24 virtio-mmio slots (one is the agent channel's)"));
+                               ", and microvm has 24 virtio-mmio slots (two are the agent channel's and the RNG's)"));
   }
   for (const auto& path : {spec.kernel, spec.initramfs}) {
     if (::access(path.c_str(), R_OK) != 0) return ErrnoError(errno, "microVM " + spec.name + ": read " + path);

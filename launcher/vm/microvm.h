@@ -45,7 +45,8 @@ struct MicroVmSpec {
 // Guest RAM when --memory is not given.
 inline constexpr uint64_t kDefaultVmMemory = uint64_t{256} << 20;
 // Disks are two per layer and one upper in microvm's 24 virtio-mmio slots
-// (one is the agent channel's): at most this many layers.
+// (the agent channel, the RNG and a network card take three): at most this
+// many layers.
 inline constexpr size_t kMaxVmLayers = 10;
 
 class MicroVm {
