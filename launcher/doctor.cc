@@ -421,7 +421,11 @@ DoctorCheck CheckMicroVm(const NodeConfig& node) {
     Status probe = vmm::ProbeBoot(node.vm_kernel, *initramfs, accel, std::string(accel) == "kvm" ? std::chrono::seconds(10) : std::chrono::seconds(60));
     if (probe.ok()) {
       Status saved = WriteFileAtomic(node.vm_cache + "/accelerator", std::string(accel) + "\n", false);
-      c.detail = StrCat(why, "microVMs run under ", accel, " (a probe guest booted)", saved.ok() ? "" : "; " + saved.ToString());
+      // A network (modes allow and open) is a tap bridged in the sandbox's namespace.
+      const bool tun = ::access("/dev/net/tun", R_OK | W_OK) == 0;
+      c.detail = StrCat(why, "microVMs run under ", accel, " (a probe guest booted)",
+                        tun ? "" : "; without /dev/net/tun they get no network (modes allow and open fail)",
+                        saved.ok() ? "" : "; " + saved.ToString());
       return c;
     }
     why += probe.ToString() + "; ";
