@@ -1332,11 +1332,11 @@ void Agent::HandleRequest(int fd) {
       ::_exit(0);
     }
     case Frame::kFreeze:
-      if (!power_off_) {
+      if (!freeze_) {
         s = SendError(conn.get(), Error(ENOTSUP, "freeze: only a microVM's agent freezes its upper disk"));
         break;
       }
-      s = FreezeUpper(req->value("freeze", true));
+      s = freeze_(req->value("freeze", true));
       s = s.ok() ? WriteFrame(conn.get(), Frame::kOk, "{}") : SendError(conn.get(), s);
       break;
     default: s = SendError(conn.get(), Error(EPROTO, "agent: unknown request type"));

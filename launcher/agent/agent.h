@@ -37,8 +37,11 @@ class Agent {
   // each of its streams over this way), on a thread of its own.
   void ServeConnection(UniqueFd conn);
   // The agent is a microVM's init: a shutdown request ends with
-  // `power_off` (not an exit), and freeze requests are honoured.
-  void SetMicroVm(std::function<void()> power_off) { power_off_ = std::move(power_off); }
+  // `power_off` (not an exit), and freeze requests call `freeze`.
+  void SetMicroVm(std::function<void()> power_off, std::function<Status(bool)> freeze) {
+    power_off_ = std::move(power_off);
+    freeze_ = std::move(freeze);
+  }
 
  private:
   // The most detached commands kept at once; finished ones are forgotten,
@@ -95,6 +98,7 @@ class Agent {
   std::string call_seccomp_;
   std::vector<int> command_cgroups_;
   std::function<void()> power_off_;  // set in a microVM
+  std::function<Status(bool)> freeze_;
   std::mutex detached_mu_;
   std::map<std::string, std::shared_ptr<Detached>> detached_;
   uint64_t detached_seq_ = 0;

@@ -37,11 +37,14 @@ constexpr int kListenFd = 3;
   auto root = launcher::BootMicroVm();
   if (!root.ok()) Fatal(root.status());
   static launcher::Agent agent({root->command_cgroup.release()});
-  agent.SetMicroVm([] {
-    ::sync();
-    ::usleep(100000);  // the answer leaves through the channel first
-    launcher::PowerOff();
-  });
+  static const int upper = root->upper.release();
+  agent.SetMicroVm(
+      [] {
+        ::sync();
+        ::usleep(100000);  // the answer leaves through the channel first
+        launcher::PowerOff();
+      },
+      [](bool freeze) { return launcher::FreezeUpper(upper, freeze); });
   std::thread([] { agent.ReapLoop(); }).detach();
   StreamMux mux({.host = false, .open_local = []() -> Result<UniqueFd> {
                    int pair[2];

@@ -19,6 +19,7 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -32,8 +33,9 @@ namespace {
 
 constexpr const char* kNewRoot = "/mnt/root";
 constexpr const char* kUpperMount = "/mnt/upper";
-// Where the upper disk stays reachable after the switch (for freezing).
-constexpr const char* kUpperKeep = "/.strata/upper";
+// Where the agent sets up the commands' cgroup, outside the new root (the
+// commands see cgroupfs read-only).
+constexpr const char* kCgroupSetup = "/mnt/cgroup";
 
 Status Mount(const char* source, const std::string& target, const char* type, unsigned long flags, const std::string& data,
              const std::string& step) {
@@ -118,13 +120,40 @@ void LoopbackUp() {
 // (launcher/net/netns.cc); names go to the node's DNS proxy on the gateway,
 // as NodeNetwork::ResolvConf says for containers. Plain ioctls: the agent
 // links no netlink library.
-Status ConfigureNetwork(const std::string& value) {
-  const auto parts = Split(value, ',');
+struct NetParams {
   in_addr address{}, gateway{};
-  if (parts.size() != 2 || ::inet_pton(AF_INET, parts[0].c_str(), &address) != 1 ||
-      ::inet_pton(AF_INET, parts[1].c_str(), &gateway) != 1) {
+  std::string gateway_text;
+};
+
+Result<NetParams> ParseNet(const std::string& value) {
+  const auto parts = Split(value, ',');
+  NetParams n;
+  if (parts.size() != 2 || ::inet_pton(AF_INET, parts[0].c_str(), &n.address) != 1 ||
+      ::inet_pton(AF_INET, parts[1].c_str(), &n.gateway) != 1) {
     return Error(EINVAL, "network: strata.net=" + value + " is not ADDRESS,GATEWAY");
   }
+  n.gateway_text = parts[1];
+  return n;
+}
+
+// The resolv.conf guests get, in the initramfs (outside the sandbox's
+// root); returns an O_PATH descriptor of it.
+Result<UniqueFd> WriteResolvConf(const NetParams& n) {
+  const char* path = "/resolv.conf";
+  {
+    UniqueFd f(::open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+    if (!f) return ErrnoError(errno, "network: create the guest's resolv.conf");
+    STRATA_RETURN_IF_ERROR(WriteFull(f.get(), StrCat("# strata: the node's DNS proxy answers the names this sandbox may reach\n",
+                                                     "nameserver ", n.gateway_text, "\noptions timeout:2 attempts:2\n"))
+                               .Annotate("network: write the guest's resolv.conf"));
+  }
+  UniqueFd fd(::open(path, O_PATH | O_CLOEXEC));
+  if (!fd) return ErrnoError(errno, "network: open the guest's resolv.conf");
+  return fd;
+}
+
+Status ConfigureNetwork(const NetParams& n, int resolv_conf) {
+  const in_addr address = n.address, gateway = n.gateway;
   UniqueFd s(::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
   if (!s) return ErrnoError(errno, "network: socket");
   auto inet = [](sockaddr* out, in_addr a) {
@@ -136,6 +165,11 @@ Status ConfigureNetwork(const std::string& value) {
   std::strncpy(ifr.ifr_name, "eth0", IFNAMSIZ - 1);
   // The card is probed before init runs; a slow probe gets a second.
   for (int i = 0; i < 100 && ::if_nametoindex("eth0") == 0; ++i) ::usleep(10000);
+  // IPv4 only, as a container's namespace (launcher/net/netns.cc): off before the link is up.
+  for (const char* knob : {"/proc/sys/net/ipv6/conf/all/disable_ipv6", "/proc/sys/net/ipv6/conf/default/disable_ipv6",
+                           "/proc/sys/net/ipv6/conf/eth0/disable_ipv6"}) {
+    if (UniqueFd f(::open(knob, O_WRONLY | O_CLOEXEC)); f) (void)WriteFull(f.get(), "1");
+  }
   inet(&ifr.ifr_addr, address);
   if (::ioctl(s.get(), SIOCSIFADDR, &ifr) != 0) return ErrnoError(errno, "network: set the address of eth0");
   inet(&ifr.ifr_netmask, in_addr{INADDR_BROADCAST});
@@ -162,12 +196,9 @@ Status ConfigureNetwork(const std::string& value) {
     (void)WriteFull(f.get(), "0 2147483647");
   }
   // /etc/resolv.conf: a read-only bind of the agent's own copy, as the
-  // launcher binds the node's for a container.
-  const std::string ours = StrCat(kAgentSocketDir, "/resolv.conf");
-  STRATA_RETURN_IF_ERROR(WriteFileAtomic(ours, StrCat("# strata: the node's DNS proxy answers the names this sandbox may reach\n",
-                                                      "nameserver ", parts[1], "\noptions timeout:2 attempts:2\n"),
-                                         false, 0644)
-                             .Annotate("network: resolv.conf"));
+  // launcher binds the node's for a container. The copy lives in the
+  // initramfs, which no path of the sandbox's root reaches: it is bound
+  // through a descriptor opened before the switch.
   struct ::stat st{};
   if (::lstat("/etc/resolv.conf", &st) != 0 || !S_ISREG(st.st_mode)) {
     ::unlink("/etc/resolv.conf");
@@ -175,6 +206,7 @@ Status ConfigureNetwork(const std::string& value) {
     UniqueFd f(::open("/etc/resolv.conf", O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644));
     if (!f) return ErrnoError(errno, "network: create /etc/resolv.conf");
   }
+  const std::string ours = StrCat("/proc/self/fd/", resolv_conf);
   if (::mount(ours.c_str(), "/etc/resolv.conf", nullptr, MS_BIND, nullptr) != 0 ||
       ::mount(nullptr, "/etc/resolv.conf", nullptr, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, nullptr) != 0) {
     return ErrnoError(errno, "network: bind /etc/resolv.conf");
@@ -233,14 +265,21 @@ Result<MicroVmRoot> BootMicroVm() {
     STRATA_RETURN_IF_ERROR(WriteFileAtomic(StrCat(root, kAgentSocketDir, "/", kCommandSeccompName), *bpf, false, 0644)
                                .Annotate("boot: the commands' seccomp program"));
   }
-  // The upper disk's mount, kept reachable for FIFREEZE (only the agent
-  // looks there: 0700 and below /.strata).
-  STRATA_RETURN_IF_ERROR(Mount(kUpperMount, root + kUpperKeep, nullptr, MS_BIND, "", "root"));
   // The commands' memory: all RAM but the reserve.
-  STRATA_RETURN_IF_ERROR(Mount("cgroup2", root + "/sys/fs/cgroup", "cgroup2", MS_NOSUID | MS_NODEV | MS_NOEXEC, "", "root"));
+  // cgroupfs twice: writable outside the new root, where the agent makes
+  // the commands' cgroup and keeps its cgroup.procs open, and read-only in
+  // it, so no command leaves that cgroup or raises its limit (a mount with
+  // a file open for writing could not be made read-only later).
+  STRATA_RETURN_IF_ERROR(Mount("cgroup2", kCgroupSetup, "cgroup2", MS_NOSUID | MS_NODEV | MS_NOEXEC, "", "root"));
+  STRATA_RETURN_IF_ERROR(
+      Mount("cgroup2", root + "/sys/fs/cgroup", "cgroup2", MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_RDONLY, "", "root"));
   MicroVmRoot out;
+  // The upper disk's filesystem, for FIFREEZE: a descriptor only, so no
+  // path in the new root shows the upper directory past the file rules.
+  out.upper = UniqueFd(::open(kUpperMount, O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!out.upper) return ErrnoError(errno, StrCat("root: open ", kUpperMount));
   {
-    const std::string cg = root + "/sys/fs/cgroup";
+    const std::string cg = kCgroupSetup;
     UniqueFd control(::open((cg + "/cgroup.subtree_control").c_str(), O_WRONLY | O_CLOEXEC));
     if (!control || ::write(control.get(), "+memory +pids", 13) < 0) return ErrnoError(errno, "commands' cgroup: enable memory");
     if (::mkdir((cg + "/commands").c_str(), 0755) != 0 && errno != EEXIST) return ErrnoError(errno, "commands' cgroup: mkdir");
@@ -262,6 +301,12 @@ Result<MicroVmRoot> BootMicroVm() {
     if (!out.command_cgroup) return ErrnoError(errno, "commands' cgroup: open cgroup.procs");
   }
   STRATA_ASSIGN_OR_RETURN(out.port, OpenAgentPort());
+  std::optional<NetParams> net;
+  UniqueFd resolv_conf;
+  if (!params["net"].empty()) {
+    STRATA_ASSIGN_OR_RETURN(net, ParseNet(params["net"]));
+    STRATA_ASSIGN_OR_RETURN(resolv_conf, WriteResolvConf(*net));
+  }
   // The switch: the new root moved over the initramfs (which stays, hidden).
   if (::chdir(kNewRoot) != 0) return ErrnoError(errno, "switch root: chdir");
   if (::mount(".", "/", nullptr, MS_MOVE, nullptr) != 0) return ErrnoError(errno, "switch root: move the root");
@@ -270,7 +315,7 @@ Result<MicroVmRoot> BootMicroVm() {
   ::chmod("/.strata", 0700);
   if (!params["hostname"].empty()) ::sethostname(params["hostname"].data(), params["hostname"].size());
   LoopbackUp();
-  if (!params["net"].empty()) STRATA_RETURN_IF_ERROR(ConfigureNetwork(params["net"]));
+  if (net) STRATA_RETURN_IF_ERROR(ConfigureNetwork(*net, resolv_conf.get()));
   return out;
 }
 
@@ -295,10 +340,8 @@ Result<UniqueFd> OpenAgentPort() {
   return Error(ENODEV, "the agent channel (virtio-serial port strata.agent) did not appear");
 }
 
-Status FreezeUpper(bool freeze) {
-  UniqueFd fd(::open(kUpperKeep, O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (!fd) return ErrnoError(errno, StrCat("freeze: open ", kUpperKeep));
-  if (::ioctl(fd.get(), freeze ? FIFREEZE : FITHAW, 0) != 0) {
+Status FreezeUpper(int upper, bool freeze) {
+  if (::ioctl(upper, freeze ? FIFREEZE : FITHAW, 0) != 0) {
     return ErrnoError(errno, freeze ? "freeze the upper disk" : "thaw the upper disk");
   }
   return OkStatus();

@@ -26,15 +26,17 @@ struct MicroVmRoot {
   UniqueFd port;
   // The commands' cgroup.procs (for Agent's command cgroups).
   UniqueFd command_cgroup;
+  // The upper disk's root directory, which the new root does not show.
+  UniqueFd upper;
 };
 Result<MicroVmRoot> BootMicroVm();
 
 // What the agent and the kernel keep of a microVM's RAM beside commands.
 inline constexpr uint64_t kVmAgentReserve = uint64_t{40} << 20;
 
-// Freezes (true) or thaws (false) the upper disk's filesystem, for a
-// snapshot of the disk taken from outside.
-Status FreezeUpper(bool freeze);
+// Freezes (true) or thaws (false) the upper disk's filesystem (`upper`:
+// MicroVmRoot::upper), for a snapshot of the disk taken from outside.
+Status FreezeUpper(int upper, bool freeze);
 
 // Powers the machine off at once (after a fatal error; the console holds why).
 [[noreturn]] void PowerOff();

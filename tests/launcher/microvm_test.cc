@@ -397,6 +397,8 @@ TEST_F(MicroVmTest, FileRulesHoldInAGuest) {
 echo rawdisk; sync; for b in /sys/block/vd*; do [ "$(cat $b/serial)" = upper ] && mknod /dev/upper-disk b $(tr : ' ' < $b/dev); done
 head -c 268435456 /dev/upper-disk | grep -a -o 'answer is 4.'; mkdir -p /tmp/m; mount -t ext4 /dev/upper-disk /tmp/m && cat /tmp/m/upper/grader/secret
 echo unmount; umount /grader && cat /grader/secret; mount -t tmpfs none /grader && ls -A /grader
+echo upper; ls -A /.strata; cat /.strata/upper/upper/grader/secret; find / -xdev -path '*/upper/grader/secret' 2>/dev/null
+echo cgroup; echo $$ > /sys/fs/cgroup/cgroup.procs || echo no-cgroup-move; echo max > /sys/fs/cgroup/commands/memory.max || echo no-limit-change
 echo end-of-guest-routes
 )sh";
   ASSERT_OK_AND_ASSIGN(auto attack, Cli({"exec", id, "--", "sh", "-c", std::string(kAttack) + guest_routes}));
@@ -405,6 +407,7 @@ echo end-of-guest-routes
   EXPECT_NE(attack.out.find("\nend\n"), std::string::npos) << attack.out << attack.err;
   EXPECT_NE(attack.out.find("received 4"), std::string::npos) << attack.out << attack.err;
   EXPECT_NE(attack.out.find("end-of-guest-routes"), std::string::npos) << attack.out << attack.err;
+  EXPECT_NE(attack.out.find("no-cgroup-move\nno-limit-change\n"), std::string::npos) << attack.out << attack.err;
   ASSERT_OK_AND_ASSIGN(auto control, Cli({"exec", id, "--role", "grader", "--", "sh", "-c", kAttack}));
   EXPECT_NE(control.out.find(kSecret), std::string::npos) << control.out << control.err;
   ASSERT_OK_AND_ASSIGN(auto tamper, Cli({"exec", id, "--", "sh", "-c",
