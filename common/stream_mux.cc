@@ -44,6 +44,13 @@ constexpr auto kAcceptBackoff = std::chrono::milliseconds(100);
 // client that closes fully must end the agent's command even when the
 // command reads no input (the agent sees POLLHUP only once we close).
 constexpr auto kGoneStall = std::chrono::milliseconds(500);
+// The host repeats its kHello until the guest's arrives, first after this
+// long and then at twice the interval each time, up to kHelloRetryMax. A
+// guest that notices the end of the host's last connection only after the
+// new host's kHello arrived loses that kHello with the old connection's
+// state; the next one finds it waiting.
+constexpr auto kHelloRetry = std::chrono::milliseconds(250);
+constexpr auto kHelloRetryMax = std::chrono::seconds(4);
 
 void PutLe32(char* p, uint32_t v) {
   for (int i = 0; i < 4; ++i) p[i] = static_cast<char>(v >> (8 * i));
@@ -150,6 +157,8 @@ void StreamMux::Reset() {
   next_id_ = 1;
   rotate_ = 0;
   listener_paused_until_ = {};
+  hello_retry_ = kHelloRetry;
+  hello_again_at_ = {};
   ++epoch_;
 }
 
@@ -160,7 +169,10 @@ Status StreamMux::Serve(int channel, int listener) {
   if (options_.host && listener >= 0) STRATA_RETURN_IF_ERROR(SetNonBlocking(listener, "mux listener"));
   channel_ = channel;
   if (!chunk_) chunk_ = std::make_unique<char[]>(kMuxMaxData);
-  if (options_.host) QueueHello();
+  if (options_.host) {
+    QueueHello();
+    hello_again_at_ = Clock::now() + hello_retry_;
+  }
 
   std::vector<pollfd> fds;
   std::vector<uint32_t> ids;  // the stream of fds[kFixed + i]
@@ -175,10 +187,13 @@ Status StreamMux::Serve(int channel, int listener) {
     if (OutPending() > 0) channel_events |= POLLOUT;
     fds.push_back({channel, channel_events, 0});
     const auto now = Clock::now();
-    const bool accepting = options_.host && listener >= 0 && now >= listener_paused_until_;
+    // The host opens streams only once the guest has answered its kHello:
+    // a kHello repeated before that cannot drop one.
+    const bool accepting = options_.host && listener >= 0 && synced_ && now >= listener_paused_until_;
     fds.push_back({accepting ? listener : -1, POLLIN, 0});
     auto wake_at = Clock::time_point::max();
-    if (options_.host && listener >= 0 && !accepting) wake_at = listener_paused_until_;
+    if (options_.host && !synced_) wake_at = hello_again_at_;
+    else if (options_.host && listener >= 0 && !accepting) wake_at = listener_paused_until_;
     // Round-robin: while the channel is backed up, the first stream served
     // would otherwise take every byte of room that frees up.
     auto start = streams_.upper_bound(rotate_);
@@ -259,6 +274,11 @@ Status StreamMux::Serve(int channel, int listener) {
       if (Stream* s = Find(id)) Forget(*s);
     }
 
+    if (options_.host && !synced_ && after >= hello_again_at_) {
+      if (OutPending() == 0) QueueHello();  // (else the last one has not even left)
+      hello_retry_ = std::min<Clock::duration>(hello_retry_ * 2, kHelloRetryMax);
+      hello_again_at_ = after + hello_retry_;
+    }
     STRATA_RETURN_IF_ERROR(FlushChannel());
     if (channel_closed_) return OkStatus();
   }

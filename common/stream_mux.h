@@ -41,7 +41,8 @@ inline constexpr uint32_t kMuxVersion = 1;
 inline constexpr size_t kMuxMaxData = 64 << 10;
 
 enum class MuxFrame : uint8_t {
-  kHello = 1,   // id 0, body: 4-byte LE version. Host sends it first; the guest drops all streams and answers.
+  kHello = 1,   // id 0, body: 4-byte LE version. Host sends it first (and again until the guest's
+                // arrives; it opens no stream before); the guest drops all streams and answers each.
   kOpen = 2,    // host -> guest: a new stream.
   kData = 3,    // body: at most kMuxMaxData bytes of the stream.
   kEof = 4,     // the sender sends no more data on the stream.
@@ -129,6 +130,8 @@ class StreamMux {
   uint32_t next_id_ = 1;
   uint32_t rotate_ = 0;  // streams are served round-robin from here
   std::chrono::steady_clock::time_point listener_paused_until_{};
+  std::chrono::steady_clock::duration hello_retry_{};  // host, until synced_
+  std::chrono::steady_clock::time_point hello_again_at_{};
   uint64_t epoch_ = 0;  // bumped when a kHello drops every stream
   std::map<uint32_t, std::unique_ptr<Stream>> streams_;
   std::string in_;  // channel bytes not yet parsed, from in_off_

@@ -512,6 +512,35 @@ TEST_F(StreamMuxTest, HelloDropsEveryStream) {
   EXPECT_EQ(eof, Le32(1));
 }
 
+// A guest that lost the host's kHello (it noticed the last host's end only
+// after the new one's kHello came, and dropped it with the old state): the
+// host opens no stream until the guest answers, and says kHello again.
+TEST_F(StreamMuxTest, HostRepeatsAHelloTheGuestLost) {
+  auto [host_end, guest_end] = SocketPair();
+  host_channel_ = std::move(host_end);
+  guest_channel_ = std::move(guest_end);
+  SetTimeouts(guest_channel_.get(), 5s);
+  host_run_ = std::make_unique<Running>(host_, host_channel_.get(), listener_.get());
+  ASSERT_OK_AND_ASSIGN(std::string lost, ReadUntil(guest_channel_.get(), MuxFrame::kHello));
+  EXPECT_EQ(lost, HelloPayload());
+  // A client before the guest answers waits for it; nothing reaches the guest meanwhile but kHello.
+  UniqueFd client = Client();
+  std::string bytes;
+  char buf[256];
+  ssize_t n;
+  const auto until = Clock::now() + 200ms;
+  while (Clock::now() < until && (n = ::recv(guest_channel_.get(), buf, sizeof buf, MSG_DONTWAIT)) != 0) {
+    if (n > 0) bytes.append(buf, static_cast<size_t>(n));
+    std::this_thread::sleep_for(5ms);
+  }
+  for (size_t at = 0; at < bytes.size(); at += 13) EXPECT_EQ(bytes[at], Type(MuxFrame::kHello)) << "at byte " << at;
+  const auto started = Clock::now();
+  guest_run_ = std::make_unique<Running>(guest_, guest_channel_.get());
+  ASSERT_OK_AND_ASSIGN(std::string answer, Exchange(client.get(), "Alate"));
+  EXPECT_EQ(answer, "answer:late");
+  EXPECT_LT(Clock::now() - started, 2s);
+}
+
 // A peer breaking the protocol ends Run with an error that says how; the
 // local ends are closed.
 TEST_F(StreamMuxTest, BrokenFramesEndRunWithAnError) {

@@ -16,6 +16,7 @@
 #include <atomic>
 #include <fstream>
 #include <random>
+#include <cstdio>
 #include <cstring>
 #include <set>
 #include <thread>
@@ -191,6 +192,12 @@ class DaemonFixture : public SandboxTest {
         for (int i = 0; i < 600 && !client_->WarmPools().value_or(nlohmann::json::array()).empty(); ++i) std::this_thread::sleep_for(100ms);
       }
       StopDaemon(SIGTERM);
+    }
+    if (HasFailure()) {
+      // What the daemon said (every start's, appended) tells why.
+      std::string log = ReadFileToString(dir_.Sub("daemon.log")).value_or("");
+      if (log.size() > 20000) log = "...\n" + log.substr(log.size() - 20000);
+      std::fprintf(stderr, "--- daemon.log ---\n%s--- end of daemon.log ---\n", log.c_str());
     }
     SandboxTest::TearDown();
   }
