@@ -21,7 +21,7 @@
 #include "common/mount.h"
 #include "common/strings.h"
 #include "common/subprocess.h"
-#include "launcher/container/upper_store.h"
+#include "launcher/sandbox/upper_store.h"
 #include "layerctl/builder.h"
 #include "layerctl/dir_reader.h"
 #include "vmm/guest_files.h"

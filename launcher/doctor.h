@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "launcher/container/sandbox.h"
+#include "launcher/sandbox/sandbox.h"
 
 namespace strata::launcher {
 

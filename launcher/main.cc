@@ -19,7 +19,7 @@
 #include "launcher/api/client.h"
 #include "launcher/doctor.h"
 #include "launcher/manager.h"
-#include "launcher/container/sandbox.h"
+#include "launcher/sandbox/sandbox.h"
 #include "launcher/api/server.h"
 #include "launcher/node_cgroup.h"
 #include "launcher/api/tenants.h"

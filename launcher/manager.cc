@@ -14,6 +14,8 @@
 #include "common/hash.h"
 #include "common/log.h"
 #include "common/strings.h"
+#include "common/subprocess.h"
+#include "launcher/vm/microvm.h"
 #include "lazyfs/client.h"
 #include "packdiff/packdiff.h"
 

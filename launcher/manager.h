@@ -21,7 +21,7 @@
 
 #include "common/lmdb.h"
 #include "launcher/api/idempotency.h"
-#include "launcher/container/sandbox.h"
+#include "launcher/sandbox/sandbox.h"
 
 namespace strata::launcher {
 

@@ -12,7 +12,7 @@
 
 #include "common/status.h"
 #include "common/unique_fd.h"
-#include "launcher/container/sandbox.h"
+#include "launcher/sandbox/sandbox.h"
 
 namespace strata::launcher {
 

@@ -17,7 +17,7 @@
 #include "common/strings.h"
 #include "common/units.h"
 #include "launcher/api/server.h"
-#include "launcher/container/sandbox.h"
+#include "launcher/sandbox/sandbox.h"
 
 namespace strata::launcher {
 

@@ -22,6 +22,7 @@
 #include "common/subprocess.h"
 #include "common/unix_socket.h"
 #include "launcher/net/policy.h"
+#include "launcher/sandbox/spec.h"
 #include "vmm/qemu.h"
 
 namespace strata::launcher {

@@ -42,8 +42,6 @@ struct MicroVmSpec {
   uint32_t address = 0, gateway = 0;
 };
 
-// Guest RAM when --memory is not given.
-inline constexpr uint64_t kDefaultVmMemory = uint64_t{256} << 20;
 // Disks are two per layer and one upper in microvm's 24 virtio-mmio slots
 // (the agent channel, the RNG and a network card take three): at most this
 // many layers.

@@ -24,7 +24,7 @@
 #include "common/subprocess.h"
 #include "launcher/api/client.h"
 #include "launcher/container/oci_config.h"
-#include "launcher/container/seccomp.h"
+#include "launcher/sandbox/seccomp.h"
 #include "layerctl/builder.h"
 #include "layerctl/publish.h"
 #include "tests/bench/bench_layers.h"

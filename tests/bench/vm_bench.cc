@@ -19,7 +19,7 @@
 #include "common/strings.h"
 #include "common/subprocess.h"
 #include "launcher/api/client.h"
-#include "launcher/container/sandbox.h"
+#include "launcher/sandbox/sandbox.h"
 #include "tests/bench/bench_layers.h"
 #include "tests/bench/bench_util.h"
 #include "vmm/guest_files.h"

@@ -12,6 +12,7 @@
 #include <random>
 #include <set>
 
+#include "launcher/vm/microvm.h"
 #include "tests/launcher/file_attack.h"
 #include "tests/launcher/fixture.h"
 #include "vmm/guest_files.h"

@@ -7,7 +7,7 @@
 #include <chrono>
 #include <map>
 
-#include "launcher/container/sandbox.h"
+#include "launcher/sandbox/sandbox.h"
 
 namespace strata::launcher {
 namespace {

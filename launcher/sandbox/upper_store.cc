@@ -1,5 +1,5 @@
 // UpperStore on btrfs ioctls.
-#include "launcher/container/upper_store.h"
+#include "launcher/sandbox/upper_store.h"
 
 #include <dirent.h>
 #include <fcntl.h>

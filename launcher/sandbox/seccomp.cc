@@ -1,5 +1,5 @@
 // Compiling OCI seccomp profiles with libseccomp.
-#include "launcher/container/seccomp.h"
+#include "launcher/sandbox/seccomp.h"
 
 #include <seccomp.h>
 #include <sys/mman.h>

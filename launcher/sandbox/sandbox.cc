@@ -1,0 +1,569 @@
+// Sandbox: compose, start, run, tear down.
+#include "launcher/sandbox/sandbox.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <mutex>
+#include <random>
+#include <thread>
+
+#include "common/fs.h"
+#include "common/log.h"
+#include "common/strings.h"
+#include "common/unix_socket.h"
+#include "launcher/container/container_backend.h"
+#include "launcher/sandbox/backend.h"
+#include "launcher/sandbox/seccomp.h"
+#include "launcher/vm/microvm_backend.h"
+#include "lazyfs/client.h"
+
+namespace strata::launcher {
+
+using nlohmann::json;
+
+namespace {
+
+// The spec as state.json keeps it (Adopt reads it back).
+json SpecState(const SandboxSpec& spec) {
+  return {{"layers", spec.layers},
+          {"backend", spec.backend},
+          {"cpus", spec.limits.cpus},
+          {"memory", spec.limits.memory},
+          {"pids", spec.limits.pids},
+          {"disk", spec.disk},
+          {"network", spec.network.ToJson()},
+          {"env", spec.env},
+          {"workdir", spec.workdir},
+          {"files", spec.files.ToJson()},
+          {"kill_leftovers", spec.kill_leftovers}};
+}
+
+}  // namespace
+
+std::string NewSandboxId(std::string_view node) {
+  static std::mt19937_64 rng{(static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}() ^
+                             static_cast<uint64_t>(::getpid())};
+  static std::mutex mu;
+  std::lock_guard lock(mu);
+  char buf[16];
+  std::snprintf(buf, sizeof buf, "%012llx", static_cast<unsigned long long>(rng() & 0xffffffffffffULL));
+  return node.empty() ? StrCat("sb-", buf) : StrCat("sb-", node, "-", buf);
+}
+
+std::string SandboxIdNode(std::string_view id) {
+  if (!id.starts_with("sb-")) return "";
+  id.remove_prefix(3);
+  const size_t dash = id.rfind('-');
+  if (dash == std::string_view::npos || dash == 0 || id.size() - dash - 1 != 12) return "";
+  return std::string(id.substr(0, dash));
+}
+
+Status CheckNodeName(std::string_view name) {
+  auto fine = [](char c) { return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-'; };
+  if (name.empty() || name.size() > 20 || name.front() == '-' || name.back() == '-' ||
+      !std::all_of(name.begin(), name.end(), fine)) {
+    return Error(EINVAL, "node name " + Quote(name) + ": 1 to 20 of a-z, 0-9 and '-' (not first or last)");
+  }
+  return OkStatus();
+}
+
+namespace {
+
+std::string SelfDir() {
+  char buf[4096];
+  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
+  if (n <= 0) return ".";
+  buf[n] = '\0';
+  return Dirname(buf);
+}
+
+bool ProcessAlive(pid_t pid) { return pid > 0 && (::kill(pid, 0) == 0 || errno == EPERM); }
+
+const char* const kControllers[] = {"memory", "cpu", "cpuacct", "cpuset", "pids", "devices", "freezer", "blkio",
+                                    "hugetlb", "systemd", "unified", "net_cls", "net_prio", "perf_event", "rdma", "misc"};
+
+}  // namespace
+
+// (The runtime normally has removed them; a cgroup stays busy until its
+// last process is reaped.)
+void RemoveSandboxCgroups(const std::string& relative) {
+  std::vector<std::string> dirs;
+  for (const char* c : kCommandControllers) dirs.push_back(StrCat("/sys/fs/cgroup/", c, "/", relative, "/", kCommandCgroup));
+  for (const char* c : kControllers) dirs.push_back(StrCat("/sys/fs/cgroup/", c, "/", relative));
+  if (::access("/sys/fs/cgroup/cgroup.controllers", F_OK) == 0) dirs.push_back("/sys/fs/cgroup/" + relative);  // pure v2
+  for (const auto& dir : dirs) {
+    if (::access(dir.c_str(), F_OK) != 0) continue;
+    std::ifstream procs(dir + "/cgroup.procs");
+    pid_t pid;
+    while (procs >> pid) ::kill(pid, SIGKILL);
+    for (int i = 0; i < 100 && ::rmdir(dir.c_str()) != 0 && errno == EBUSY; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  }
+}
+
+void KillRuntimeStragglers(const std::string& bundle) {
+  DIR* proc = ::opendir("/proc");
+  if (!proc) return;
+  while (dirent* e = ::readdir(proc)) {
+    pid_t pid = static_cast<pid_t>(std::strtol(e->d_name, nullptr, 10));
+    if (pid <= 0 || pid == ::getpid()) continue;
+    auto cmdline = ReadFileToString(StrCat("/proc/", pid, "/cmdline"));
+    if (!cmdline.ok()) continue;
+    std::vector<std::string> argv = Split(*cmdline, '\0');
+    for (size_t i = 0; i + 1 < argv.size(); ++i) {
+      if (argv[i] == "--bundle" && argv[i + 1] == bundle) {
+        STRATA_LOG(kWarn) << "killing runtime process " << pid << " still creating " << bundle;
+        ::kill(pid, SIGKILL);
+        break;
+      }
+    }
+  }
+  ::closedir(proc);
+}
+
+namespace {
+
+Status ReleaseLayers(lazyfs::Client& client, const std::string& holder, const std::vector<Digest128>& digests) {
+  json list = json::array();
+  for (const auto& d : digests) list.push_back(d.Hex());
+  auto r = client.Call("release", {{"digests", list}, {"holder", holder}});
+  if (!r.ok() && r.status().code() != ENOENT) return r.status().Annotate("release layers");
+  return OkStatus();
+}
+
+}  // namespace
+
+NodeConfig NodeConfig::FromEnvironment() {
+  NodeConfig n;
+  auto env = [](const char* name) -> std::string {
+    const char* v = std::getenv(name);
+    return v && *v ? v : "";
+  };
+  if (auto v = env("STRATA_RUN_DIR"); !v.empty()) n.run_dir = v;
+  if (auto v = env("STRATA_UPPERS"); !v.empty()) n.uppers = v;
+  if (auto v = env("STRATA_LAZYFS_SOCKET"); !v.empty()) n.lazyfs_socket = v;
+  if (auto v = env("STRATA_CACHE"); !v.empty()) n.cache_dir = v;
+  if (auto v = env("STRATA_RUNTIME"); !v.empty()) n.runtime = v;
+  if (auto v = env("STRATA_CGROUP_PARENT"); !v.empty()) n.cgroup_parent = v;
+  if (auto v = env("STRATA_AGENT"); !v.empty()) n.agent_binary = v;
+  if (auto v = env("STRATA_IDMAP"); !v.empty()) {
+    auto m = IdMapping::Parse(v);
+    if (m.ok()) n.idmap = *m;
+  }
+  if (n.agent_binary.empty()) {
+    for (const std::string& candidate : {SelfDir() + "/strata-agent", std::string("/usr/local/lib/strata/strata-agent")}) {
+      if (::access(candidate.c_str(), X_OK) == 0) {
+        n.agent_binary = candidate;
+        break;
+      }
+    }
+  }
+  if (auto v = env("STRATA_VM_KERNEL"); !v.empty()) n.vm_kernel = v;
+  if (auto v = env("STRATA_VM_ACCEL"); !v.empty()) n.vm_accel = v;
+  if (auto v = env("STRATA_JAIL"); !v.empty()) n.jail_binary = v;
+  if (auto v = env("STRATA_VM_BOOT_TIMEOUT"); !v.empty() && std::atoi(v.c_str()) > 0) {
+    n.vm_boot_timeout = std::chrono::seconds(std::atoi(v.c_str()));
+  }
+  if (n.vm_accel.empty()) {
+    // What `launcher doctor` found by booting a probe guest.
+    auto found = ReadFileToString(JoinPath(n.vm_cache, "accelerator"));
+    n.vm_accel = found.ok() && found->rfind("kvm", 0) == 0 ? "kvm" : "tcg";
+  }
+  if (n.jail_binary.empty()) {
+    for (const std::string& candidate : {SelfDir() + "/strata-jail", SelfDir() + "/../vmm/strata-jail",
+                                         std::string("/usr/local/lib/strata/strata-jail")}) {
+      if (::access(candidate.c_str(), X_OK) == 0) {
+        n.jail_binary = candidate;
+        break;
+      }
+    }
+  }
+  return n;
+}
+
+
+Result<std::unique_ptr<Backend>> MakeBackend(const std::string& name, const NodeConfig& node, const std::string& id,
+                                             const std::string& dir) {
+  if (name == "container" || name == "fncall") return std::unique_ptr<Backend>(new ContainerBackend(node, id, dir, name == "fncall"));
+  if (name == "microvm") return std::unique_ptr<Backend>(new MicroVmBackend(node, id, dir));
+  return Error(EINVAL, "backend " + Quote(name) + ": not one of container, fncall, microvm");
+}
+
+Result<std::string> CommandSeccompProgram(const NodeConfig& node) {
+  STRATA_ASSIGN_OR_RETURN(std::string bpf64, CompiledSeccompBase64(DefaultSeccompProfile(), JoinPath(Dirname(node.run_dir), "seccomp")));
+  auto bpf = Base64Decode(bpf64);
+  if (!bpf) return Error(EINVAL, "seccomp cache: not base64");
+  return std::move(*bpf);
+}
+
+Status MergeSandboxState(const std::string& dir, const json& changes) {
+  auto text = ReadFileToString(dir + "/state.json");
+  json state = text.ok() ? json::parse(*text, nullptr, false) : json::object();
+  if (!state.is_object()) state = json::object();
+  state.update(changes);
+  return WriteFileAtomic(dir + "/state.json", state.dump(), false);
+}
+
+Result<std::unique_ptr<Sandbox>> Sandbox::Create(const SandboxSpec& spec, const NodeConfig& node) {
+  std::unique_ptr<Sandbox> sb(new Sandbox());
+  sb->node_ = node;
+  sb->spec_ = spec;
+  sb->id_ = spec.id.empty() ? NewSandboxId(node.name) : spec.id;
+  sb->dir_ = JoinPath(node.run_dir, sb->id_);
+  Status s = sb->Start(spec);
+  if (!s.ok()) {
+    Status cleanup = sb->Destroy();
+    if (!cleanup.ok()) STRATA_LOG(kWarn) << "clean up after a failed start: " << cleanup.ToString();
+    return s.Annotate("create sandbox " + sb->id_);
+  }
+  return sb;
+}
+
+Status Sandbox::Start(const SandboxSpec& spec) {
+  StepTimer timer(id_);
+  if (node_.agent_binary.empty()) {
+    return Error(ENOENT, "find strata-agent: not beside the launcher nor in /usr/local/lib/strata (set STRATA_AGENT)");
+  }
+  STRATA_ASSIGN_OR_RETURN(backend_, MakeBackend(spec.backend, node_, id_, dir_));
+  STRATA_RETURN_IF_ERROR(MakeDirs(dir_ + "/agent", 0711));
+  // Who owns the sandbox: a sweep removes it once this process is gone
+  // (unless a daemon manages it), and a restarted daemon re-adopts it.
+  created_ = static_cast<int64_t>(::time(nullptr));
+  store_url_ = cache::DefaultStoreUrl(spec.store);
+  json state = {{"id", id_},
+                {"pid", ::getpid()},
+                {"managed", node_.managed},
+                {"uppers", node_.uppers},
+                {"lazyfs_socket", node_.lazyfs_socket},
+                {"runtime", node_.runtime},
+                {"cgroup", node_.cgroup_parent + "/" + id_},
+                {"store", store_url_},
+                {"created", created_},
+                {"spec", SpecState(spec)}};
+  STRATA_RETURN_IF_ERROR(WriteFileAtomic(dir_ + "/state.json", state.dump(), false));
+
+  // 1. The layer stack, resolved once.
+  STRATA_ASSIGN_OR_RETURN(auto store, cache::OpenStore(store_url_));
+  cache::Catalog catalog(store);
+  STRATA_ASSIGN_OR_RETURN(stack_, catalog.ResolveStack(spec.layers));
+  timer.Step("resolve layers");
+
+  // 2. Each layer mounted once per node by lazyfs (for a container
+  //    idmapped for the node's range; a guest reads the files as they
+  //    are); the whole stack in one request (the daemon starts on first use).
+  json refs = json::array();
+  for (const auto& layer : stack_) refs.push_back(layer.digest.Hex());
+  json acquire = {{"refs", refs}, {"store", store->url()}, {"holder", id_}};
+  if (backend_->IdmappedLayers()) acquire["idmap"] = node_.idmap.ToString();
+  lazyfs::Client lazyfs(node_.lazyfs_socket);
+  // Recorded first: a launcher killed now leaves a sweep something to release.
+  state["layers"] = refs;
+  STRATA_RETURN_IF_ERROR(WriteFileAtomic(dir_ + "/state.json", state.dump(), false));
+  // Held from here on: the daemon may have taken them even when its answer
+  // is lost, and releasing what it does not hold is fine.
+  for (const auto& layer : stack_) held_.push_back(layer.digest);
+  auto acquired = lazyfs.Call("acquire", acquire);
+  // No daemon: start one, or share the one another caller is starting
+  // (EnsureDaemon returns at once when it answers by now: one that came up
+  // between the call and here must not fail this create).
+  if (!acquired.ok() && (acquired.status().code() == ECONNREFUSED || acquired.status().code() == ENOENT)) {
+    STRATA_RETURN_IF_ERROR(lazyfs::EnsureDaemon({node_.lazyfs_socket, node_.cache_dir, ""}));
+    acquired = lazyfs.Call("acquire", acquire);
+  }
+  if (!acquired.ok()) return acquired.status().Annotate("mount layers");
+  timer.Step("acquire layers from lazyfs");
+
+  // 3. The root over them, and the agent in it (the back end's).
+  agent_ = std::make_unique<AgentClient>(dir_ + "/agent/" + kAgentSocketName);
+  agent_->SetRulePaths(spec.files);
+  return backend_->Start({.spec = spec,
+                          .layers = (*acquired)["layers"],
+                          .agent = *agent_,
+                          .attach_network = [this, &spec] { return AttachNetwork(spec.network); }});
+}
+
+void Sandbox::FillDefaults(ExecRequest& request) const {
+  request.isolate = spec_.backend == "fncall";
+  // A call of a pool with a network of its own keeps it (the policy is
+  // the pool's); otherwise each call gets loopback only.
+  request.isolate_network = spec_.network.mode == NetMode::kNone;
+  if (request.env.empty()) request.env = spec_.env;
+  if (request.cwd.empty()) request.cwd = spec_.workdir.empty() ? "/" : spec_.workdir;
+  if (!request.grader) request.files = MergeFileRules(spec_.files, request.files);
+  if (!request.kill_leftovers) request.kill_leftovers = spec_.kill_leftovers;
+}
+
+Status Sandbox::CheckAgentFor(const ExecRequest& request) {
+  if (request.files.empty()) return OkStatus();
+  int version = agent_version_.load();
+  if (version == 0) {
+    STRATA_ASSIGN_OR_RETURN(nlohmann::json ping, agent_->Ping());
+    version = ping.value("version", 1);
+    agent_version_ = version;
+  }
+  if (version < 3) {
+    return Error(ENOTSUP, StrCat("sandbox ", id_, ": its agent speaks protocol ", version,
+                                 " and would ignore file rules; they need 3 (a sandbox created by this strata)"));
+  }
+  return OkStatus();
+}
+
+Result<ExecResult> Sandbox::Exec(ExecRequest request, const OutputSink& sink) {
+  FillDefaults(request);
+  STRATA_RETURN_IF_ERROR(backend_->Gone());
+  STRATA_RETURN_IF_ERROR(CheckAgentFor(request));
+  auto result = agent_->Exec(request, sink);
+  if (!result.ok()) {
+    Status gone = backend_->Gone();
+    if (!gone.ok()) return gone;
+  }
+  return result;
+}
+
+
+Result<SandboxNet> Sandbox::AttachNetwork(const NetPolicy& policy) {
+  if (!node_.network && node_.managed) {
+    return Error(ENOTSUP, StrCat("network mode ", NetModeName(policy.mode), ": sandbox networks are off on this node (",
+                                 node_.network_off_reason, ")"));
+  }
+  if (!node_.network) {
+    return Error(ENOTSUP, StrCat("network mode ", NetModeName(policy.mode),
+                                 " needs the launcher daemon (its DNS proxy and address pool): start `launcher serve`"));
+  }
+  // Recorded at once: a crash after this leaves the daemon's recovery
+  // something to remove.
+  STRATA_ASSIGN_OR_RETURN(SandboxNet net, node_.network->Attach(id_, policy));
+  net_ = net;
+  STRATA_RETURN_IF_ERROR(SaveState({{"net", net.ToJson()}}));
+  return net;
+}
+
+bool Sandbox::OomKilled() const { return backend_ && agent_ && backend_->OomKilled(*agent_); }
+
+void Sandbox::Interrupt() {
+  if (agent_) agent_->Shutdown().IgnoreError();
+}
+
+Status Sandbox::Destroy() {
+  if (destroyed_) return OkStatus();
+  destroyed_ = true;
+  StepTimer timer(id_);
+  FirstError errors("sandbox " + id_);
+  if (backend_) {
+    errors.Keep(backend_->Destroy(agent_.get()));  // (it logged its own)
+    timer.Step("remove the root");
+  }
+  if (net_) {
+    if (node_.network) errors.Note(node_.network->Detach(id_, *net_));
+    else errors.Note(Error(ENOTSUP, "remove the network of sandbox " + id_ + ": no node network here (the daemon's recovery will)"));
+    net_.reset();
+    timer.Step("remove network");
+  }
+  if (!held_.empty()) {
+    lazyfs::Client lazyfs(node_.lazyfs_socket);
+    errors.Note(ReleaseLayers(lazyfs, id_, held_));
+    held_.clear();
+  }
+  timer.Step("release layers");
+  if (!dir_.empty()) errors.Note(RemoveTree(dir_));
+  timer.Step("remove directory");
+  return errors.Take();
+}
+
+Sandbox::~Sandbox() { Destroy().IgnoreError(); }
+
+Result<std::unique_ptr<Sandbox>> Sandbox::Adopt(const std::string& id, const NodeConfig& node) {
+  std::unique_ptr<Sandbox> sb(new Sandbox());
+  sb->node_ = node;
+  sb->id_ = id;
+  sb->dir_ = JoinPath(node.run_dir, id);
+  auto text = ReadFileToString(sb->dir_ + "/state.json");
+  if (!text.ok()) return text.status().Annotate("adopt sandbox " + id);
+  json state = json::parse(*text, nullptr, false);
+  if (!state.is_object()) return Error(EINVAL, "adopt sandbox " + id + ": state.json is not valid JSON");
+  sb->store_url_ = state.value("store", "");
+  sb->created_ = state.value("created", int64_t{0});
+  sb->paused_ = state.value("paused", false);
+  const json spec = state.value("spec", json::object());
+  sb->spec_.layers = spec.value("layers", std::vector<std::string>{});
+  sb->spec_.backend = spec.value("backend", std::string("container"));
+  sb->spec_.limits.cpus = spec.value("cpus", 0.0);
+  sb->spec_.limits.memory = spec.value("memory", uint64_t{0});
+  sb->spec_.limits.pids = spec.value("pids", int64_t{0});
+  sb->spec_.disk = spec.value("disk", uint64_t{0});
+  if (auto policy = NetPolicy::FromJson(spec.value("network", json())); policy.ok()) sb->spec_.network = *policy;
+  if (spec.value("host_network", false)) sb->spec_.network.mode = NetMode::kHost;  // (state of an older daemon)
+  if (state.contains("net")) {
+    auto net = SandboxNet::FromJson(state["net"]);
+    if (!net.ok()) return net.status().Annotate("adopt sandbox " + id);
+    sb->net_ = *net;
+    sb->spec_.network = net->policy;
+    if (node.network) {
+      Status s = node.network->Adopt(id, *net);
+      if (!s.ok()) STRATA_LOG(kWarn) << "adopt sandbox " << id << ": " << s.ToString();
+    }
+  }
+  sb->spec_.env = spec.value("env", std::vector<std::string>{});
+  sb->spec_.workdir = spec.value("workdir", std::string("/"));
+  if (auto files = ParseFileRules(spec.value("files", json()), "state files"); files.ok()) sb->spec_.files = std::move(*files);
+  else return files.status().Annotate("adopt sandbox " + id);
+  sb->spec_.kill_leftovers = spec.value("kill_leftovers", false);
+  for (const auto& d : state.value("layers", json::array())) {
+    if (auto digest = Digest128::FromHex(d.get<std::string>())) sb->held_.push_back(*digest);
+  }
+  if (auto store = cache::OpenStore(sb->store_url_); store.ok()) {
+    cache::Catalog catalog(*store);
+    for (const auto& d : sb->held_) {
+      auto m = catalog.GetManifest(d);
+      if (m.ok()) sb->stack_.push_back({d, std::move(*m)});
+    }
+  }
+  auto backend = MakeBackend(sb->spec_.backend, node, id, sb->dir_);
+  if (!backend.ok()) return backend.status().Annotate("adopt sandbox " + id);
+  sb->backend_ = std::move(*backend);
+  sb->agent_ = std::make_unique<AgentClient>(sb->dir_ + "/agent/" + kAgentSocketName);
+  sb->agent_->SetRulePaths(sb->spec_.files);
+  sb->backend_->Adopt(state);
+  return sb;
+}
+
+void Sandbox::Release() {
+  destroyed_ = true;
+  if (backend_) backend_->Release();
+  held_.clear();
+}
+
+bool Sandbox::Alive() { return backend_ && agent_ && backend_->Alive(*agent_, paused_); }
+
+Status Sandbox::Pause() {
+  STRATA_RETURN_IF_ERROR(backend_->Pause());
+  paused_ = true;
+  return SaveState({{"paused", true}});
+}
+
+Status Sandbox::Resume() {
+  STRATA_RETURN_IF_ERROR(backend_->Resume());
+  paused_ = false;
+  return SaveState({{"paused", false}});
+}
+
+Result<UpperVolume> Sandbox::CaptureUpper() {
+  const std::string name = StrCat(id_, "-", std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                std::chrono::system_clock::now().time_since_epoch()).count());
+  return backend_->CaptureUpper(*agent_, paused_, name);
+}
+
+Status Sandbox::Assign(const SandboxSpec& spec) {
+  SandboxSpec next = spec_;
+  next.env = spec.env;
+  next.workdir = spec.workdir;
+  next.files = spec.files;
+  next.kill_leftovers = spec.kill_leftovers;
+  created_ = ::time(nullptr);
+  STRATA_RETURN_IF_ERROR(SaveState({{"spec", SpecState(next)}, {"created", created_}}).Annotate("assign sandbox " + id_));
+  spec_ = std::move(next);
+  agent_->SetRulePaths(spec_.files);
+  return OkStatus();
+}
+
+Status Sandbox::SaveState(const json& changes) { return MergeSandboxState(dir_, changes); }
+
+json Sandbox::Info() const {
+  json layers = json::array();
+  for (const auto& l : stack_) {
+    layers.push_back({{"digest", l.digest.Hex()}, {"kind", cache::LayerKindName(l.manifest.kind)}, {"name", l.manifest.name}});
+  }
+  return {{"id", id_},
+          {"backend", spec_.backend},
+          {"state", destroyed_ ? "destroyed" : (paused_ ? "paused" : "running")},
+          {"created", created_},
+          {"layers", layers},
+          {"limits", {{"cpus", spec_.limits.cpus}, {"memory", spec_.limits.memory}, {"pids", spec_.limits.pids}, {"disk", spec_.disk}}},
+          {"network", NetworkSummary()},
+          {"files", spec_.files.ToJson()},
+          {"kill_leftovers", spec_.kill_leftovers}};
+}
+
+json Sandbox::NetworkSummary() const {
+  json j = net_ ? net_->policy.ToJson() : spec_.network.ToJson();
+  if (net_) j["address"] = Ipv4ToString(net_->address);
+  return j;
+}
+
+json Sandbox::NetworkInfo() const {
+  if (net_ && node_.network) {
+    json j = node_.network->Describe(id_);
+    if (!j.is_null()) return j;
+  }
+  return net_ ? net_->policy.ToJson() : spec_.network.ToJson();
+}
+
+Status Sandbox::SetNetwork(const NetPolicy& policy) {
+  if (policy.mode == NetMode::kHost) return Error(EINVAL, "network: a live sandbox cannot change to the host's network");
+  if (spec_.backend == "fncall") {
+    return Error(EBADSLT, "network of " + id_ + ": a function-call sandbox's policy is its pool's, fixed at create");
+  }
+  if (!net_ || !node_.network) {
+    return Error(EBADSLT, StrCat("network of ", id_, ": it was created without an interface (mode ", NetModeName(spec_.network.mode),
+                                 "); create it with mode allow or open (an empty allow list reaches nothing) to change it later"));
+  }
+  STRATA_ASSIGN_OR_RETURN(SandboxNet next, node_.network->SetPolicy(id_, policy, [this](const SandboxNet& n) {
+    return SaveState({{"net", n.ToJson()}});
+  }));
+  net_ = next;
+  spec_.network = policy;
+  return OkStatus();
+}
+
+Status SweepStaleSandboxes(const NodeConfig& node) {
+  DIR* dir = ::opendir(node.run_dir.c_str());
+  if (!dir) return OkStatus();
+  std::vector<std::string> ids;
+  while (dirent* e = ::readdir(dir)) {
+    if (std::string_view(e->d_name).starts_with("sb-")) ids.push_back(e->d_name);
+  }
+  ::closedir(dir);
+  Status first;
+  for (const auto& id : ids) {
+    std::string path = JoinPath(node.run_dir, id);
+    auto text = ReadFileToString(path + "/state.json");
+    json state = text.ok() ? json::parse(*text, nullptr, false) : json();
+    pid_t owner = state.is_object() ? state.value("pid", 0) : 0;
+    if (ProcessAlive(owner)) continue;
+    // The daemon's sandboxes outlive a daemon restart; it re-adopts them.
+    if (state.is_object() && state.value("managed", false) && !node.managed) continue;
+    STRATA_LOG(kWarn) << "cleaning up sandbox " << id << " whose launcher (pid " << owner << ") is gone";
+    std::string runtime = state.is_object() ? state.value("runtime", node.runtime) : node.runtime;
+    RunCommand({.argv = {runtime, "delete", "--force", id}, .timeout = std::chrono::seconds(10)}).status().IgnoreError();
+    RemoveSandboxCgroups(state.is_object() ? state.value("cgroup", node.cgroup_parent + "/" + id) : node.cgroup_parent + "/" + id);
+    if (IsMountPoint(path + "/rootfs")) MountPoint::Adopt(path + "/rootfs").Unmount().IgnoreError();
+    auto uppers = UpperStore::Open(state.is_object() ? state.value("uppers", node.uppers) : node.uppers);
+    if (uppers.ok()) {
+      auto volume = uppers->Adopt(id);
+      if (volume.ok()) volume->Destroy().IgnoreError();
+    }
+    if (state.is_object() && state.contains("layers")) {
+      std::vector<Digest128> digests;
+      for (const auto& d : state["layers"]) {
+        if (auto digest = Digest128::FromHex(d.get<std::string>())) digests.push_back(*digest);
+      }
+      lazyfs::Client lazyfs(state.value("lazyfs_socket", node.lazyfs_socket));
+      if (lazyfs.Alive()) ReleaseLayers(lazyfs, id, digests).IgnoreError();
+    }
+    Status s = RemoveTree(path);
+    if (!s.ok() && first.ok()) first = s;
+  }
+  return first;
+}
+
+}  // namespace strata::launcher

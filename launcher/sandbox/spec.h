@@ -1,0 +1,90 @@
+// The settings of a node (NodeConfig) and of one sandbox (SandboxSpec),
+// which Sandbox and every Backend share.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/idmap.h"
+#include "launcher/agent/file_rules.h"
+#include "launcher/container/oci_config.h"
+#include "launcher/net/node_network.h"
+#include "launcher/net/policy.h"
+#include "launcher/sandbox/upper_store.h"
+
+namespace strata::launcher {
+
+// Node-wide settings (not per sandbox).
+struct NodeConfig {
+  std::string run_dir = "/run/strata/sandboxes";
+  std::string uppers = kDefaultUppers;
+  std::string lazyfs_socket = "/run/strata/lazyfs.sock";
+  std::string cache_dir;        // for starting lazyfs; empty: its default
+  std::string agent_binary;     // empty: beside this executable, then /usr/local/lib/strata
+  std::string runtime = "crun";  // any OCI runtime taking `run --bundle DIR ID`
+  IdMapping idmap;
+  std::string cgroup_parent = "strata";
+  // The node's name in a cluster (`serve --node`): sandbox ids carry it
+  // ("sb-<name>-<hex>") so a gateway routes a call by the id alone. Empty:
+  // ids are "sb-<hex>".
+  std::string name;
+  // Sandboxes of the launcher daemon: the runtime runs detached (no process
+  // per sandbox waits on it), and a restarted daemon re-adopts them, so the
+  // sweep of dead one-shot launchers leaves them alone.
+  bool managed = false;
+  // Sandbox networks (modes allow and open): the daemon's; null elsewhere.
+  std::shared_ptr<NodeNetwork> network;
+  std::string network_off_reason;  // why `network` is null in a daemon
+  // microVMs: the guest kernel (vmlinux), the accelerator ("kvm" or
+  // "tcg", as `launcher doctor` found), strata-jail, and where the
+  // initramfs is cached.
+  std::string vm_kernel = "/var/cache/strata/guest-kernel/vmlinux";
+  std::string vm_accel;  // empty: what doctor recorded, else tcg
+  std::string jail_binary;
+  std::string vm_cache = "/var/cache/strata/vm";
+  // How long a create waits for a booting guest's agent before it fails
+  // (STRATA_VM_BOOT_TIMEOUT, seconds): TCG on a busy node takes seconds.
+  std::chrono::seconds vm_boot_timeout{90};
+
+  // Fills the defaults that depend on the environment (STRATA_* variables,
+  // the agent's location).
+  static NodeConfig FromEnvironment();
+};
+
+struct SandboxSpec {
+  std::string id;                   // empty: a new random "sb-..." id
+  std::vector<std::string> layers;  // REFs, bottom first
+  std::string backend = "container";  // or "fncall", "microvm"
+  std::string store;                // empty: $STRATA_STORE or the default
+  ContainerLimits limits;
+  uint64_t disk = uint64_t{10} << 30;
+  NetPolicy network;                // none (loopback only), allow, open, host
+  std::vector<std::string> env;     // for commands
+  std::string workdir = "/";
+  // The daemon destroys the sandbox this long after the last call on it
+  // (0: never). Kept by the daemon, not the sandbox.
+  int64_t ttl_seconds = 0;
+  // What every command but the grader's may not see or change.
+  FileRules files;
+  // The default of its execs' kill_leftovers.
+  bool kill_leftovers = false;
+};
+
+// Guest RAM when --memory is not given.
+inline constexpr uint64_t kDefaultVmMemory = uint64_t{256} << 20;
+
+// What a microVM takes beside its guest RAM (QEMU; vmm::QemuOverhead under TCG).
+inline constexpr uint64_t kVmOverheadCommit = uint64_t{160} << 20;
+
+// What a container sandbox of `spec` takes of the node's memory capacity:
+// its cgroup's limit, the memory limit and the agent's reserve beside it;
+// none without a limit (and none for a function call, whose pool holds it).
+inline uint64_t MemoryCommit(const SandboxSpec& spec) {
+  if (spec.backend == "microvm") return (spec.limits.memory ? spec.limits.memory : kDefaultVmMemory) + kVmOverheadCommit;
+  return spec.limits.memory > 0 && spec.backend == "container" ? spec.limits.memory + kAgentReserveMemory : 0;
+}
+
+}  // namespace strata::launcher
