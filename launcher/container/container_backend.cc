@@ -253,20 +253,9 @@ bool ContainerBackend::OomKilled(AgentClient&) const {
 
 Result<UpperVolume> ContainerBackend::CaptureUpper(AgentClient&, bool paused, const std::string& name) {
   if (!upper_) return Error(ENOTSUP, StrCat("snapshot: sandbox ", id_, " has no upper volume"));
+  if (!paused) return Error(EINVAL, StrCat("snapshot: sandbox ", id_, " is not paused"));
   STRATA_ASSIGN_OR_RETURN(UpperStore store, UpperStore::Open(node_.uppers));
-  // Every process frozen for as long as the snapshot takes; recorded, so a
-  // daemon that dies meanwhile finds the sandbox paused, as it is.
-  if (!paused) {
-    STRATA_RETURN_IF_ERROR(Pause());
-    STRATA_RETURN_IF_ERROR(MergeSandboxState(dir_, {{"paused", true}}));
-  }
-  auto snapshot = store.Snapshot(*upper_, name);
-  if (!paused) {
-    Status resumed = Resume();
-    if (!resumed.ok()) return resumed.Annotate("thaw after the snapshot");
-    STRATA_RETURN_IF_ERROR(MergeSandboxState(dir_, {{"paused", false}}));
-  }
-  return snapshot;
+  return store.Snapshot(*upper_, name);
 }
 
 Status ContainerBackend::Destroy(AgentClient* agent) {

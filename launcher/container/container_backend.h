@@ -27,6 +27,8 @@ class ContainerBackend : public Backend {
   Status Resume() override;
   bool OomKilled(AgentClient& agent) const override;
   const std::optional<UpperVolume>& upper() const override { return upper_; }
+  // (The upper is the host's: every process stopped, none writes to it.)
+  bool SnapshotsWhilePaused() const override { return true; }
   Result<UpperVolume> CaptureUpper(AgentClient& agent, bool paused, const std::string& name) override;
   Status Destroy(AgentClient* agent) override;
   void Release() override;

@@ -74,6 +74,9 @@ class Backend {
 
   // The writable layer: a volume on the uppers filesystem (none for fncall).
   virtual const std::optional<UpperVolume>& upper() const = 0;
+  // Whether CaptureUpper needs the sandbox paused (Sandbox pauses it, as
+  // a caller's pause, for as long as it takes).
+  virtual bool SnapshotsWhilePaused() const = 0;
   // A read-only snapshot of the upper volume named `name`, taken while no
   // write can be half on disk; `paused` is the sandbox's state, kept.
   virtual Result<UpperVolume> CaptureUpper(AgentClient& agent, bool paused, const std::string& name) = 0;

@@ -397,6 +397,11 @@ Result<std::unique_ptr<Sandbox>> Sandbox::Adopt(const std::string& id, const Nod
   const json spec = state.value("spec", json::object());
   sb->spec_.layers = spec.value("layers", std::vector<std::string>{});
   sb->spec_.backend = spec.value("backend", std::string("container"));
+  // Made first: whatever fails below leaves a sandbox whose destructor
+  // stops what the back end runs (a QEMU in the sandbox's cgroups too).
+  auto backend = MakeBackend(sb->spec_.backend, node, id, sb->dir_);
+  if (!backend.ok()) return backend.status().Annotate("adopt sandbox " + id);
+  sb->backend_ = std::move(*backend);
   sb->spec_.limits.cpus = spec.value("cpus", 0.0);
   sb->spec_.limits.memory = spec.value("memory", uint64_t{0});
   sb->spec_.limits.pids = spec.value("pids", int64_t{0});
@@ -428,9 +433,6 @@ Result<std::unique_ptr<Sandbox>> Sandbox::Adopt(const std::string& id, const Nod
       if (m.ok()) sb->stack_.push_back({d, std::move(*m)});
     }
   }
-  auto backend = MakeBackend(sb->spec_.backend, node, id, sb->dir_);
-  if (!backend.ok()) return backend.status().Annotate("adopt sandbox " + id);
-  sb->backend_ = std::move(*backend);
   sb->agent_ = std::make_unique<AgentClient>(sb->dir_ + "/agent/" + kAgentSocketName);
   sb->agent_->SetRulePaths(sb->spec_.files);
   sb->backend_->Adopt(state);
@@ -460,7 +462,14 @@ Status Sandbox::Resume() {
 Result<UpperVolume> Sandbox::CaptureUpper() {
   const std::string name = StrCat(id_, "-", std::chrono::duration_cast<std::chrono::milliseconds>(
                                                 std::chrono::system_clock::now().time_since_epoch()).count());
-  return backend_->CaptureUpper(*agent_, paused_, name);
+  if (!backend_->SnapshotsWhilePaused() || paused_) return backend_->CaptureUpper(*agent_, paused_, name);
+  // Paused as any pause is (recorded: a daemon that dies meanwhile finds
+  // it paused, as it is), for as short as the snapshot takes.
+  STRATA_RETURN_IF_ERROR(Pause());
+  auto snapshot = backend_->CaptureUpper(*agent_, true, name);
+  Status resumed = Resume();
+  if (!resumed.ok()) return resumed.Annotate("thaw after the snapshot");
+  return snapshot;
 }
 
 Status Sandbox::Assign(const SandboxSpec& spec) {

@@ -28,6 +28,9 @@ class MicroVmBackend : public Backend {
   Status Resume() override;
   bool OomKilled(AgentClient& agent) const override;
   const std::optional<UpperVolume>& upper() const override { return upper_; }
+  // (The guest's agent freezes its filesystem instead; a paused guest is
+  // resumed for that.)
+  bool SnapshotsWhilePaused() const override { return false; }
   Result<UpperVolume> CaptureUpper(AgentClient& agent, bool paused, const std::string& name) override;
   Status Destroy(AgentClient* agent) override;
   void Release() override;
