@@ -2,15 +2,12 @@
 #include "launcher/sandbox/sandbox.h"
 
 #include <dirent.h>
-#include <fcntl.h>
 #include <signal.h>
-#include <sys/mount.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
-#include <cmath>
 #include <fstream>
 #include <mutex>
 #include <random>
@@ -18,8 +15,9 @@
 
 #include "common/fs.h"
 #include "common/log.h"
+#include "common/mount.h"
 #include "common/strings.h"
-#include "common/unix_socket.h"
+#include "common/subprocess.h"
 #include "launcher/container/container_backend.h"
 #include "launcher/sandbox/backend.h"
 #include "launcher/sandbox/seccomp.h"
