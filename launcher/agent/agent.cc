@@ -4,6 +4,7 @@
 #include "launcher/agent/vm_init.h"
 
 #include <fcntl.h>
+#include <malloc.h>
 #include <linux/capability.h>
 #include <linux/filter.h>
 #include <linux/landlock.h>
@@ -518,10 +519,13 @@ void Agent::ReapLoop() {
     pid_t pid = ::waitpid(-1, &status, 0);
     if (pid < 0) {
       if (errno == EINTR) continue;
-      // ECHILD: no children at all. Sleep until a command is started.
-      std::unique_lock lock(mu_);
-      cv_.wait(lock, [&] { return spawned_ != seen; });
-      continue;
+      // ECHILD: no children at all (orphans of our children are ours
+      // before they are reaped, so none can come). Unless a command was
+      // started meanwhile, this thread ends; the next one starts another.
+      std::lock_guard lock(mu_);
+      if (spawned_ != seen) continue;
+      reaping_ = false;
+      return;
     }
     std::lock_guard lock(mu_);  // taken only after Exec registered its child
     auto it = children_.find(pid);
@@ -665,7 +669,10 @@ Result<Agent::Started> Agent::Start(const json& req, bool want_stdin) {
     if (pid > 0) {
       children_[pid] = -1;
       ++spawned_;
-      cv_.notify_all();
+      if (!reaping_) {
+        reaping_ = true;
+        std::thread([this] { ReapLoop(); }).detach();
+      }
     }
   }
   if (pid < 0) return ErrnoError(errno, "exec: fork");
@@ -1292,11 +1299,16 @@ Status Agent::GetTree(int conn, const json& req) {
 void Agent::HandleConnection(UniqueFd conn) {
   // The agent is the sandbox's init: nothing a request brings (a name that
   // is not UTF-8, memory running out) may end it.
+  active_connections_.fetch_add(1);
   try {
     HandleRequest(conn.get());
   } catch (const std::exception& e) {
     SendError(conn.get(), Error(EIO, StrCat("agent: ", e.what()))).IgnoreError();
   }
+  // The last call is over: what its buffers took goes back to the kernel
+  // (free pages in the middle of the heap too), so an idle sandbox's agent
+  // keeps only what it holds.
+  if (active_connections_.fetch_sub(1) == 1) ::malloc_trim(0);
 }
 
 void Agent::HandleRequest(int fd) {

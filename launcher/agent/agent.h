@@ -6,6 +6,7 @@
 // started them and the launcher itself.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <functional>
@@ -31,7 +32,8 @@ class Agent {
   // Serves connections on `listen_fd` until a shutdown request (then it
   // kills every process it can see and returns).
   Status Serve(int listen_fd);
-  // Reaps children forever; run it on its own thread.
+  // Reaps children until none is left (then the thread ends: an idle
+  // agent is one thread); Exec starts it again with the next child.
   void ReapLoop();
   // Serves one connection the caller accepted (a microVM's channel hands
   // each of its streams over this way), on a thread of its own.
@@ -93,7 +95,9 @@ class Agent {
   std::mutex mu_;  // held across fork() so the reaper cannot miss a child
   std::condition_variable cv_;
   std::map<pid_t, int> children_;  // pid -> wait status, -1 while running
-  uint64_t spawned_ = 0;           // children started so far (wakes the reaper)
+  uint64_t spawned_ = 0;           // children started so far
+  bool reaping_ = false;           // a ReapLoop thread runs
+  std::atomic<int> active_connections_{0};
   bool shutting_down_ = false;
   std::string call_seccomp_;
   std::vector<int> command_cgroups_;

@@ -164,6 +164,7 @@ Status ContainerBackend::Start(const BackendStart& start) {
     STRATA_RETURN_IF_ERROR(WriteFileAtomic(path, bpf, false));
     if (::chmod(path.c_str(), 0644) != 0) return ErrnoError(errno, "chmod " + path);
   }
+  STRATA_RETURN_IF_ERROR(EnsureSharedMounts());
   STRATA_RETURN_IF_ERROR(WriteFileAtomic(dir_ + "/config.json", OciConfig(config).dump(), false));
   timer.Step("write bundle");
 

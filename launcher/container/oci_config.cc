@@ -1,7 +1,20 @@
 // OCI config.json for container sandboxes.
 #include "launcher/container/oci_config.h"
 
+#include <sched.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <sys/statfs.h>
+
+#include <cerrno>
 #include <cmath>
+#include <mutex>
+#include <thread>
+
+#include <linux/magic.h>
+
+#include "common/fs.h"
+#include "common/strings.h"
 
 namespace strata::launcher {
 
@@ -100,9 +113,21 @@ json OciConfig(const ContainerConfig& c) {
   // command runs without them, under the default seccomp profile.
   caps.push_back("CAP_SYS_ADMIN");
   if (c.fncall) caps.push_back("CAP_NET_ADMIN");
-  json masked = json::array(), readonly = json::array();
+  // Masked files are bound to /dev/null by the runtime; masked directories
+  // get the node's empty directory, bound read-only (the runtime would
+  // mount a tmpfs, a superblock, on each). Only those the node has: the
+  // sandbox's /proc and /sys show the same entries.
+  json masked = json::array(), readonly = json::array(), mask_mounts = json::array();
   if (!c.fncall) {  // a function call's agent applies them to each call's own /proc
-    for (const char* p : kMaskedPaths) masked.push_back(p);
+    for (const char* p : kMaskedPaths) {
+      struct stat st;
+      if (::stat(p, &st) == 0 && S_ISDIR(st.st_mode)) {
+        mask_mounts.push_back({{"destination", p}, {"type", "bind"}, {"source", c.mask_dir},
+                               {"options", {"bind", "ro", "nosuid", "nodev", "noexec"}}});
+      } else {
+        masked.push_back(p);
+      }
+    }
     for (const char* p : kReadonlyPaths) readonly.push_back(p);
   }
   json namespaces = json::array({{{"type", "pid"}}, {{"type", "ipc"}}, {{"type", "uts"}}, {{"type", "mount"}},
@@ -110,14 +135,14 @@ json OciConfig(const ContainerConfig& c) {
   if (!c.netns_path.empty()) namespaces.push_back({{"type", "network"}, {"path", c.netns_path}});
   else if (!c.host_network) namespaces.push_back({{"type", "network"}});
 
+  // /dev/shm is a directory of /dev's tmpfs (the agent makes it), not a
+  // tmpfs of its own: one superblock fewer, and the same 64 MiB cap.
   json mounts = json::array({
       {{"destination", "/proc"}, {"type", "proc"}, {"source", "proc"}, {"options", {"nosuid", "noexec", "nodev"}}},
       {{"destination", "/dev"}, {"type", "tmpfs"}, {"source", "tmpfs"},
        {"options", {"nosuid", "strictatime", "mode=755", "size=65536k"}}},
       {{"destination", "/dev/pts"}, {"type", "devpts"}, {"source", "devpts"},
        {"options", {"nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620", "gid=5"}}},
-      {{"destination", "/dev/shm"}, {"type", "tmpfs"}, {"source", "shm"},
-       {"options", {"nosuid", "noexec", "nodev", "mode=1777", "size=65536k"}}},
       {{"destination", "/dev/mqueue"}, {"type", "mqueue"}, {"source", "mqueue"}, {"options", {"nosuid", "noexec", "nodev"}}},
       {{"destination", kAgentPath}, {"type", "bind"}, {"source", c.agent_binary}, {"options", {"bind", "ro", "nosuid", "nodev"}}},
       {{"destination", kAgentSocketDir}, {"type", "bind"}, {"source", c.agent_socket_dir}, {"options", {"bind", "nosuid", "nodev", "noexec"}}},
@@ -126,13 +151,15 @@ json OciConfig(const ContainerConfig& c) {
     mounts.push_back({{"destination", "/etc/resolv.conf"}, {"type", "bind"}, {"source", c.resolv_conf},
                       {"options", {"bind", "ro", "nosuid", "nodev", "noexec"}}});
   }
-  // sysfs needs a network namespace owned by the sandbox's user namespace;
-  // with the host's network or one the node made, bind the host's read-only.
-  if (c.host_network || !c.netns_path.empty()) {
+  // /sys: with the host's network the host's, read-only; else the node's
+  // sysfs of an empty network namespace (no sandbox's interfaces are in
+  // it, and none of the node's), shared read-only by every sandbox.
+  if (c.host_network) {
     mounts.push_back({{"destination", "/sys"}, {"type", "bind"}, {"source", "/sys"}, {"options", {"rbind", "rro", "nosuid", "noexec", "nodev"}}});
   } else {
-    mounts.push_back({{"destination", "/sys"}, {"type", "sysfs"}, {"source", "sysfs"}, {"options", {"nosuid", "noexec", "nodev", "ro"}}});
+    mounts.push_back({{"destination", "/sys"}, {"type", "bind"}, {"source", c.sysfs}, {"options", {"bind", "ro", "nosuid", "noexec", "nodev"}}});
   }
+  for (auto& m : mask_mounts) mounts.push_back(std::move(m));
 
   json resources = json::object();
   if (c.limits.memory) {
@@ -178,6 +205,30 @@ json OciConfig(const ContainerConfig& c) {
            {"readonlyPaths", readonly},
        }},
   };
+}
+
+Status EnsureSharedMounts() {
+  static std::mutex mu;
+  std::lock_guard lock(mu);
+  struct stat st;
+  if (::stat(kMaskDir, &st) != 0) {
+    STRATA_RETURN_IF_ERROR(MakeDirs(Dirname(kMaskDir)));
+    if (::mkdir(kMaskDir, 0555) != 0 && errno != EEXIST) return ErrnoError(errno, StrCat("make the masking directory ", kMaskDir));
+  }
+  struct statfs fs;
+  if (::statfs(kSandboxSysfs, &fs) == 0 && fs.f_type == SYSFS_MAGIC) return OkStatus();
+  STRATA_RETURN_IF_ERROR(MakeDirs(kSandboxSysfs, 0555));
+  // sysfs takes the network namespace of the thread that mounts it (and
+  // keeps it): a thread of its own, in a new one, mounts it for the node.
+  Status result;
+  std::thread([&] {
+    if (::unshare(CLONE_NEWNET) != 0) {
+      result = ErrnoError(errno, StrCat("sandboxes' /sys: new network namespace"));
+    } else if (::mount("sysfs", kSandboxSysfs, "sysfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, nullptr) != 0) {
+      result = ErrnoError(errno, StrCat("sandboxes' /sys: mount sysfs at ", kSandboxSysfs));
+    }
+  }).join();
+  return result;
 }
 
 }  // namespace strata::launcher

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/idmap.h"
+#include "common/status.h"
 
 namespace strata::launcher {
 
@@ -25,6 +26,12 @@ struct ContainerLimits {
   int64_t pids = 0;         // 0: none
 };
 
+// The node's sysfs for sandboxes: mounted once, from a network namespace
+// with nothing in it, so /sys/class/net shows no interface of the node's.
+inline constexpr const char* kSandboxSysfs = "/run/strata/sysfs";
+// An empty read-only directory bound over masked kernel directories.
+inline constexpr const char* kMaskDir = "/run/strata/empty";
+
 struct ContainerConfig {
   std::string id;
   std::string rootfs;                 // the composed overlay
@@ -37,6 +44,11 @@ struct ContainerConfig {
   std::string cgroup_path;            // "/strata/<id>"
   std::string agent_binary;           // host path, bind-mounted read-only at kAgentPath
   std::string agent_socket_dir;       // host dir, bind-mounted at kAgentSocketDir
+  // Node-wide mounts every sandbox binds rather than owning its own (a
+  // superblock costs every memory cgroup on the node a slot: see
+  // EnsureSharedMounts): /sys, and the directories that mask kernel paths.
+  std::string sysfs = kSandboxSysfs;
+  std::string mask_dir = kMaskDir;
   std::vector<std::string> env;       // the agent's (and its commands' default) environment
   // The default profile compiled to BPF (base64), for runtimes that take it
   // (crun's run.oci.seccomp_bpf_data); the profile stays in linux.seccomp
@@ -64,7 +76,19 @@ inline constexpr const char* kAgentSocketName = "agent.sock";
 // each command and call.
 inline constexpr const char* kCommandSeccompName = "command.bpf";
 
+// The bundle. Needs EnsureSharedMounts() to have run on this node (the
+// runtime binds config.sysfs and config.mask_dir).
 nlohmann::json OciConfig(const ContainerConfig& config);
+
+// Makes kSandboxSysfs and kMaskDir if they are not there yet (they stay for
+// the node's lifetime, like the pool of network namespaces). Sandboxes bind
+// them instead of mounting a sysfs and a tmpfs per masked directory of
+// their own: each superblock registers a memory-cgroup-aware shrinker, and
+// every memory cgroup on the node keeps a slot (8 bytes and a bit, in
+// kmalloc-1k blocks of 64) for every such shrinker that has existed at
+// once since boot — per sandbox a cost that grows with the number of
+// sandboxes (docs/benchmarks.md, "density").
+Status EnsureSharedMounts();
 
 // A default seccomp profile in OCI form: an allowlist of the system calls
 // ordinary programs use (like the Docker/Podman default), with clone limited

@@ -67,6 +67,7 @@ static int Body(int argc, char** argv) {
   c.agent_binary = "/bin/true";
   c.agent_socket_dir = dir.path();
   c.env = {"PATH=/bin"};
+  Check(launcher::EnsureSharedMounts());
   json config = launcher::OciConfig(c);
   config["linux"].erase("cgroupsPath");  // crun then uses each container's id
   auto& mounts = config["mounts"];

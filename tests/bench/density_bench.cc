@@ -11,12 +11,14 @@
 //     (`crun spec`: pid, mount, network, ipc and uts namespaces of their
 //     own, running sleep) on the same busybox root.
 // Usage: density_bench [IDLE] [POOL]   (defaults 1000 and 64)
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <map>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -49,6 +51,7 @@ Snapshot TakeSnapshot() {
       if (key == k) s["meminfo " + key] = value;
     }
   }
+  s["count: memory cgroups (live and dying)"] = MemoryCgroups();
   std::ifstream slab("/proc/slabinfo");
   std::string line;
   std::getline(slab, line);
@@ -63,6 +66,58 @@ Snapshot TakeSnapshot() {
   return s;
 }
 
+// What one more memory cgroup costs in kmalloc-1k (KiB, median of 5):
+// mostly its shrinker slots, one 1 KiB block per 64 memory-cgroup-aware
+// shrinkers (a superblock has one) the node has held at once since boot.
+double NewMemoryCgroupKiB() {
+  auto kmalloc_1k = [] {
+    std::ifstream slab("/proc/slabinfo");
+    std::string name;
+    double active = 0;
+    for (std::string line; std::getline(slab, line);) {
+      std::istringstream in(line);
+      if (in >> name >> active && name == "kmalloc-1k") return active;
+    }
+    return 0.0;
+  };
+  const std::string probe = StrCat("/sys/fs/cgroup/memory/strata-bench-probe-", ::getpid());
+  std::vector<double> kib;
+  for (int i = 0; i < 5; ++i) {
+    const double before = kmalloc_1k();
+    if (::mkdir(probe.c_str(), 0755) != 0) return 0;
+    kib.push_back(kmalloc_1k() - before);
+    ::rmdir(probe.c_str());
+  }
+  std::sort(kib.begin(), kib.end());
+  return kib[kib.size() / 2];
+}
+
+// Superblocks a sandbox or container has of its own: the filesystems in
+// its mount table that another one's does not show.
+int OwnSuperblocks(pid_t one, pid_t another) {
+  auto devices = [](pid_t pid) {
+    std::set<std::string> out;
+    std::ifstream in(StrCat("/proc/", pid, "/mountinfo"));
+    for (std::string line; std::getline(in, line);) {
+      std::istringstream f(line);
+      std::string id, parent, dev;
+      if (f >> id >> parent >> dev) out.insert(dev);
+    }
+    return out;
+  };
+  const auto a = devices(one), b = devices(another);
+  int own = 0;
+  for (const auto& d : a) own += b.count(d) ? 0 : 1;
+  return a.empty() || b.empty() ? -1 : own;
+}
+
+pid_t FirstPid(const std::string& cgroup_procs) {
+  std::ifstream in(cgroup_procs);
+  pid_t pid = -1;
+  in >> pid;
+  return pid;
+}
+
 // The fields that grew most per sandbox, largest first.
 std::vector<std::pair<std::string, double>> Growth(const Snapshot& before, const Snapshot& after, int n, size_t top) {
   std::vector<std::pair<std::string, double>> out;
@@ -73,13 +128,13 @@ std::vector<std::pair<std::string, double>> Growth(const Snapshot& before, const
     else out.push_back({k, d});
   }
   std::stable_sort(out.begin(), out.end(), [](const auto& a, const auto& b) {
-    const bool am = a.first.starts_with("meminfo"), bm = b.first.starts_with("meminfo");
+    const bool am = !a.first.starts_with("slab"), bm = !b.first.starts_with("slab");
     return am != bm ? am : a.second > b.second;
   });
   std::vector<std::pair<std::string, double>> kept;
   size_t slabs = 0;
   for (auto& e : out) {
-    if (e.first.starts_with("meminfo") || (slabs++ < top && e.second >= 0.5)) kept.push_back(std::move(e));
+    if (!e.first.starts_with("slab") || (slabs++ < top && e.second >= 0.5)) kept.push_back(std::move(e));
   }
   return kept;
 }
@@ -158,6 +213,7 @@ int Body(int argc, char** argv) {
   std::vector<std::string> held(static_cast<size_t>(idle));
   const Snapshot before_snap = TakeSnapshot();
   const uint64_t before = static_cast<uint64_t>(before_snap.at("meminfo MemAvailable"));
+  const double memcg_kib_before = NewMemoryCgroupKiB();
   Figures fill{};
   int made = 0;
   for (int target : {0, idle / 3, idle}) {
@@ -171,6 +227,10 @@ int Body(int argc, char** argv) {
   }
   const Snapshot idle_snap = TakeSnapshot();
   const uint64_t with_idle = static_cast<uint64_t>(idle_snap.at("meminfo MemAvailable"));
+  const double memcg_kib_idle = NewMemoryCgroupKiB();
+  const int own_sb = idle >= 2 ? OwnSuperblocks(FirstPid(StrCat("/sys/fs/cgroup/pids/strata-bench/", held[0], "/cgroup.procs")),
+                                                FirstPid(StrCat("/sys/fs/cgroup/pids/strata-bench/", held[1], "/cgroup.procs")))
+                               : -1;
   // The agents' own share: their resident private memory.
   double agent_private_kib = 0;
   {
@@ -208,6 +268,7 @@ int Body(int argc, char** argv) {
   Check(WriteFileAtomic(bundle + "/config.json", config.dump()));
   const std::string tag = StrCat("density-", ::getpid(), "-");
   const Snapshot before_crun_snap = TakeSnapshot();
+  const double memcg_kib_before_crun = NewMemoryCgroupKiB();
   const uint64_t before_crun = static_cast<uint64_t>(before_crun_snap.at("meminfo MemAvailable"));
   Measure(idle, kInFlight, [&](int i) {
     auto r = RunCommand({.argv = {"crun", "run", "--detach", "--bundle", bundle, StrCat(tag, i)},
@@ -216,6 +277,10 @@ int Body(int argc, char** argv) {
   });
   const Snapshot crun_snap = TakeSnapshot();
   const uint64_t with_crun = static_cast<uint64_t>(crun_snap.at("meminfo MemAvailable"));
+  const double memcg_kib_crun = NewMemoryCgroupKiB();
+  const int crun_own_sb = idle >= 2 ? OwnSuperblocks(FirstPid(StrCat("/sys/fs/cgroup/pids/", tag, 0, "/cgroup.procs")),
+                                                     FirstPid(StrCat("/sys/fs/cgroup/pids/", tag, 1, "/cgroup.procs")))
+                                    : -1;
   Measure(idle, kInFlight, [&](int i) { RunCommand({.argv = {"crun", "delete", "--force", StrCat(tag, i)}}).status().IgnoreError(); });
 
   auto kib_each = [&](uint64_t a, uint64_t b) { return a > b ? static_cast<double>(a - b) / idle : 0.0; };
@@ -261,6 +326,9 @@ int Body(int argc, char** argv) {
     w.Add({k, Fixed(rows[k].first, 1), Fixed(rows[k].second, 1), Fixed(rows[k].first - rows[k].second, 1)});
   }
   w.Add({"agent private resident (smaps_rollup, mean of 50)", Fixed(agent_private_kib, 1), "", ""});
+  w.Add({"superblocks of its own (mount tables of two compared)", StrCat(own_sb), StrCat(crun_own_sb), StrCat(own_sb - crun_own_sb)});
+  w.Add({"kmalloc-1k of one more memory cgroup, KiB: before -> with all idle", StrCat(Fixed(memcg_kib_before, 0), " -> ", Fixed(memcg_kib_idle, 0)),
+         StrCat(Fixed(memcg_kib_before_crun, 0), " -> ", Fixed(memcg_kib_crun, 0)), ""});
   w.Print();
   return 0;
 }

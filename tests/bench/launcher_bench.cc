@@ -88,6 +88,7 @@ static int Body(int argc, char** argv) {
   c.agent_binary = "/bin/true";
   c.agent_socket_dir = dir.path();
   c.env = {"PATH=/bin"};
+  Check(launcher::EnsureSharedMounts());
   auto config = launcher::OciConfig(c);
   config["process"]["args"] = cmd;
   auto& mounts = config["mounts"];

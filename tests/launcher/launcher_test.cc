@@ -4,8 +4,14 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/sysmacros.h>
+
+#include <map>
+#include <set>
+#include <sstream>
 
 #include "common/unique_fd.h"
+#include "launcher/container/oci_config.h"
 #include "tests/launcher/fixture.h"
 
 namespace strata::launcher {
@@ -85,6 +91,44 @@ TEST_F(LauncherTest, SandboxesAreIsolated) {
   EXPECT_EQ(st.st_uid, 100000u);
   ASSERT_OK_AND_ASSIGN(auto done, slow.Wait());
   EXPECT_EQ(done.out, "0\n");
+}
+
+// What a container sees (docs/security.md): superblocks of its own only
+// where it needs one; /sys and the masks are the node's, shared read-only.
+TEST_F(LauncherTest, MountsAreSharedWhereASandboxNeedsNoneOfItsOwn) {
+  ASSERT_OK_AND_ASSIGN(auto r, Run({"--layer", "busybox:1", "--", "sh", "-c",
+                                    "cat /proc/self/mountinfo; echo ==; stat -c %a /dev/shm; echo x > /dev/shm/f && cat /dev/shm/f;"
+                                    " ls /sys/class/net | wc -l; touch /sys/x 2>/dev/null || echo sys-ro;"
+                                    " ls -A /sys/firmware | wc -l; touch /sys/firmware/x 2>/dev/null || echo masked-ro"}));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const size_t split = r.out.find("==\n");
+  ASSERT_NE(split, std::string::npos) << r.out;
+  EXPECT_EQ(r.out.substr(split + 3), "1777\nx\n0\nsys-ro\n0\nmasked-ro\n");
+  // The node's shared sysfs and masking directory, as the host sees them.
+  struct stat sysfs, empty;
+  ASSERT_EQ(::stat(kSandboxSysfs, &sysfs), 0);
+  ASSERT_EQ(::stat(kMaskDir, &empty), 0);
+  const std::string shared_sysfs = StrCat(major(sysfs.st_dev), ":", minor(sysfs.st_dev));
+  const std::string shared_empty = StrCat(major(empty.st_dev), ":", minor(empty.st_dev));
+  std::map<std::string, std::string> fs_at;  // mount point -> "type dev"
+  std::map<std::string, std::string> own;    // the sandbox's own superblocks: dev -> type
+  std::istringstream in(r.out.substr(0, split));
+  for (std::string line; std::getline(in, line);) {
+    std::istringstream f(line);
+    std::string id, parent, dev, root, point, options, field, type;
+    f >> id >> parent >> dev >> root >> point >> options;
+    while (f >> field && field != "-") {
+    }
+    f >> type;
+    fs_at[point] = type + " " + dev;
+    if (type != "devtmpfs" && dev != shared_empty && dev != shared_sysfs && !point.starts_with("/.strata")) own[dev] = type;
+  }
+  EXPECT_EQ(fs_at["/sys"], "sysfs " + shared_sysfs);
+  EXPECT_EQ(fs_at["/dev/shm"], "");  // a directory of /dev
+  EXPECT_EQ(fs_at["/sys/firmware"].substr(fs_at["/sys/firmware"].find(' ') + 1), shared_empty);
+  std::multiset<std::string> types;
+  for (const auto& [dev, type] : own) types.insert(type);
+  EXPECT_EQ(types, (std::multiset<std::string>{"overlay", "proc", "tmpfs", "devpts", "mqueue"})) << r.out;
 }
 
 TEST_F(LauncherTest, NoNetworkReachesNothingOnTheHost) {

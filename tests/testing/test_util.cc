@@ -5,6 +5,7 @@
 
 #include <cstring>
 #include <fstream>
+#include <sstream>
 
 namespace strata::testing {
 
@@ -37,9 +38,31 @@ std::string TestBinaryDir() {
   return Dirname(buf);
 }
 
+int MemoryCgroups() {
+  std::ifstream in("/proc/cgroups");
+  std::string line;
+  while (std::getline(in, line)) {
+    std::istringstream f(line);
+    std::string name;
+    int hierarchy = 0, count = -1;
+    if (f >> name >> hierarchy >> count && name == "memory") return count;
+  }
+  return -1;
+}
+
 uint64_t MemAvailableKiB() {
-  ::sync();
-  std::ofstream("/proc/sys/vm/drop_caches") << "3\n";
+  // Removed memory cgroups stay (dying, with their kernel memory) while
+  // pages charged to them are cached; after the drop they go a moment
+  // later. Wait until their number holds still for a second (20 s at most).
+  int last = -2, still = 0;
+  for (int i = 0; i < 80 && still < 4; ++i) {
+    ::sync();
+    std::ofstream("/proc/sys/vm/drop_caches") << "3\n";
+    const int n = MemoryCgroups();
+    still = n == last ? still + 1 : 0;
+    last = n;
+    ::usleep(250000);
+  }
   std::ifstream in("/proc/meminfo");
   std::string key, unit;
   uint64_t value;

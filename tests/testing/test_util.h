@@ -38,8 +38,11 @@ TempDir MakeTempDir();
 std::string RandomBytes(size_t n, uint64_t seed);
 
 // MemAvailable of /proc/meminfo in KiB, after syncing and dropping the
-// page cache (so that a difference is what something holds).
+// page cache, and once the memory cgroups that were removed and held only
+// by cached pages are gone (so that a difference is what something holds).
 uint64_t MemAvailableKiB();
+// Memory cgroups on the node, live and dying (/proc/cgroups); -1 without.
+int MemoryCgroups();
 
 // Directory of the running test binary (helpers are built beside it).
 std::string TestBinaryDir();
