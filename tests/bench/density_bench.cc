@@ -305,6 +305,20 @@ int Body(int argc, char** argv) {
   t.Add({StrCat("create the last ", idle - idle / 3, " idle"), Fixed(fill.p50_ms, 1), Fixed(fill.p99_ms, 1), Fixed(fill.per_second, 1), "", "", "", ""});
   t.Add({"memory per idle sandbox (KiB, MemAvailable drop / N)", Fixed(ours_kib, 0), "", "", "idle crun container, `crun spec` default",
          Fixed(crun_kib, 0), "", Fixed(crun_kib > 0 ? ours_kib / crun_kib : 0, 2)});
+  // What each would cost on a node of its own: the shrinker slots a memory
+  // cgroup gets follow the most superblocks the node ever held at once (the
+  // kernel never shrinks them), so whichever ran first on this boot pays
+  // less. Each one's memory cgroups paid `memcg_kib_*` per cgroup here; on
+  // its own node it would pay its own superblocks x N / 64 KiB (plus the
+  // node's own, a few hundred shrinkers, left out for both).
+  if (own_sb > 0 && crun_own_sb > 0) {
+    const double ours_memcgs = (idle_snap.at("count: memory cgroups (live and dying)") - before_snap.at("count: memory cgroups (live and dying)")) / idle;
+    const double crun_memcgs = (crun_snap.at("count: memory cgroups (live and dying)") - before_crun_snap.at("count: memory cgroups (live and dying)")) / idle;
+    const double ours_own = ours_kib + ours_memcgs * (own_sb * idle / 64.0 - memcg_kib_idle);
+    const double crun_own = crun_kib + crun_memcgs * (crun_own_sb * idle / 64.0 - memcg_kib_crun);
+    t.Add({"the same, shrinker slots at its own peak (KiB, see below)", Fixed(ours_own, 0), "", "", "the same for crun", Fixed(crun_own, 0), "",
+           Fixed(crun_own > 0 ? ours_own / crun_own : 0, 2)});
+  }
   t.Print();
 
   // Where it goes, per sandbox and per crun container (KiB).
