@@ -32,6 +32,7 @@
 #include <memory>
 #include <optional>
 #include <cstring>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -627,6 +628,17 @@ Result<Agent::Started> Agent::Start(const json& req, bool want_stdin) {
   pid_t pid;
   {
     std::lock_guard lock(mu_);
+    // A reaper for the child, started before it (when none runs): if no
+    // thread can be made, nothing is forked that nobody would reap. It
+    // waits for the lock, so it sees the child registered.
+    if (!reaping_) {
+      try {
+        std::thread([this] { ReapLoop(); }).detach();
+      } catch (const std::system_error& e) {
+        return Error(e.code().value(), StrCat("exec: start the reaper thread: ", e.what()));
+      }
+      reaping_ = true;
+    }
     pid = ::fork();
     if (pid == 0) {
       // Child: async-signal-safe calls only.
@@ -669,10 +681,6 @@ Result<Agent::Started> Agent::Start(const json& req, bool want_stdin) {
     if (pid > 0) {
       children_[pid] = -1;
       ++spawned_;
-      if (!reaping_) {
-        reaping_ = true;
-        std::thread([this] { ReapLoop(); }).detach();
-      }
     }
   }
   if (pid < 0) return ErrnoError(errno, "exec: fork");

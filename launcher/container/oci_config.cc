@@ -1,20 +1,26 @@
 // OCI config.json for container sandboxes.
 #include "launcher/container/oci_config.h"
 
+#include <dirent.h>
+#include <fcntl.h>
 #include <sched.h>
+#include <sys/file.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cmath>
-#include <mutex>
+#include <system_error>
 #include <thread>
 
 #include <linux/magic.h>
 
 #include "common/fs.h"
 #include "common/strings.h"
+#include "common/unique_fd.h"
 
 namespace strata::launcher {
 
@@ -207,28 +213,67 @@ json OciConfig(const ContainerConfig& c) {
   };
 }
 
-Status EnsureSharedMounts() {
-  static std::mutex mu;
-  std::lock_guard lock(mu);
-  struct stat st;
-  if (::stat(kMaskDir, &st) != 0) {
-    STRATA_RETURN_IF_ERROR(MakeDirs(Dirname(kMaskDir)));
-    if (::mkdir(kMaskDir, 0555) != 0 && errno != EEXIST) return ErrnoError(errno, StrCat("make the masking directory ", kMaskDir));
-  }
+namespace {
+
+bool MountedAs(const char* path, int64_t magic, bool read_only) {
   struct statfs fs;
-  if (::statfs(kSandboxSysfs, &fs) == 0 && fs.f_type == SYSFS_MAGIC) return OkStatus();
-  STRATA_RETURN_IF_ERROR(MakeDirs(kSandboxSysfs, 0555));
-  // sysfs takes the network namespace of the thread that mounts it (and
-  // keeps it): a thread of its own, in a new one, mounts it for the node.
+  return ::statfs(path, &fs) == 0 && static_cast<int64_t>(fs.f_type) == magic && (!read_only || (fs.f_flags & ST_RDONLY));
+}
+
+// The sandboxes' sysfs: mounted from a thread in a network namespace of its
+// own (sysfs takes the mounting thread's). The namespace goes when the
+// thread does — sysfs keeps only a passive reference — and its loopback
+// with it, a moment later: wait for that, so no sandbox sees an interface.
+Status MountSandboxSysfs() {
+  STRATA_RETURN_IF_ERROR(MakeDirs(kSandboxSysfs, 0555).Annotate("sandboxes' /sys"));
   Status result;
-  std::thread([&] {
-    if (::unshare(CLONE_NEWNET) != 0) {
-      result = ErrnoError(errno, StrCat("sandboxes' /sys: new network namespace"));
-    } else if (::mount("sysfs", kSandboxSysfs, "sysfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, nullptr) != 0) {
-      result = ErrnoError(errno, StrCat("sandboxes' /sys: mount sysfs at ", kSandboxSysfs));
+  try {
+    std::thread([&] {
+      if (::unshare(CLONE_NEWNET) != 0) {
+        result = ErrnoError(errno, "sandboxes' /sys: new network namespace");
+      } else if (::mount("sysfs", kSandboxSysfs, "sysfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, nullptr) != 0) {
+        result = ErrnoError(errno, StrCat("sandboxes' /sys: mount sysfs at ", kSandboxSysfs));
+      }
+    }).join();
+  } catch (const std::system_error& e) {
+    return Error(e.code().value(), StrCat("sandboxes' /sys: start a thread: ", e.what()));
+  }
+  STRATA_RETURN_IF_ERROR(result);
+  const std::string net = StrCat(kSandboxSysfs, "/class/net");
+  for (int i = 0; i < 500; ++i) {
+    DIR* d = ::opendir(net.c_str());
+    if (!d) return ErrnoError(errno, StrCat("sandboxes' /sys: open ", net));
+    bool empty = true;
+    while (dirent* e = ::readdir(d)) empty = empty && (e->d_name[0] == '.');
+    ::closedir(d);
+    if (empty) return OkStatus();
+    ::usleep(10000);
+  }
+  return Error(ETIMEDOUT, StrCat("sandboxes' /sys: ", net, " still shows interfaces after 5 s (the namespace did not go)"));
+}
+
+}  // namespace
+
+Status EnsureSharedMounts() {
+  if (MountedAs(kMaskDir, TMPFS_MAGIC, true) && MountedAs(kSandboxSysfs, SYSFS_MAGIC, true)) return OkStatus();
+  // Launchers and daemons on one node may get here at once: one mounts.
+  STRATA_RETURN_IF_ERROR(MakeDirs(Dirname(kMaskDir)).Annotate("shared sandbox mounts"));
+  const std::string lock_path = StrCat(Dirname(kMaskDir), "/.shared-mounts.lock");
+  UniqueFd lock(::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
+  if (!lock) return ErrnoError(errno, "shared sandbox mounts: open " + lock_path);
+  while (::flock(lock.get(), LOCK_EX) != 0) {
+    if (errno != EINTR) return ErrnoError(errno, "shared sandbox mounts: lock " + lock_path);
+  }
+  // Masks: an empty read-only tmpfs (nothing, not even the host's root,
+  // puts a file in it without a remount).
+  if (!MountedAs(kMaskDir, TMPFS_MAGIC, true)) {
+    STRATA_RETURN_IF_ERROR(MakeDirs(kMaskDir, 0555).Annotate("masking directory"));
+    if (::mount("tmpfs", kMaskDir, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "mode=0555,size=4k,nr_inodes=1") != 0) {
+      return ErrnoError(errno, StrCat("masking directory: mount an empty read-only tmpfs at ", kMaskDir));
     }
-  }).join();
-  return result;
+  }
+  if (!MountedAs(kSandboxSysfs, SYSFS_MAGIC, true)) STRATA_RETURN_IF_ERROR(MountSandboxSysfs());
+  return OkStatus();
 }
 
 }  // namespace strata::launcher

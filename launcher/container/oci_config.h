@@ -29,7 +29,8 @@ struct ContainerLimits {
 // The node's sysfs for sandboxes: mounted once, from a network namespace
 // with nothing in it, so /sys/class/net shows no interface of the node's.
 inline constexpr const char* kSandboxSysfs = "/run/strata/sysfs";
-// An empty read-only directory bound over masked kernel directories.
+// An empty read-only tmpfs (one for the node), bound over masked kernel
+// directories.
 inline constexpr const char* kMaskDir = "/run/strata/empty";
 
 struct ContainerConfig {
