@@ -5,6 +5,15 @@ through a pluggable backend; its own asyncio one goes through anyio, whose
 cancel scopes and stream wrappers cost about 0.3 ms a call on this
 hardware. The AsyncClient needs nothing anyio offers (it runs on asyncio
 only), so it hands httpcore this one. HTTP itself stays httpcore's (h11).
+
+httpcore 0.16 also guards its pool and connections with anyio locks, and
+under asyncio every anyio lock taken is a cancel-shielded checkpoint: one
+more turn of the event loop (an epoll call) each, about ten per request.
+``connection_pool()`` gives httpcore's pool with asyncio's locks in those
+places (asyncio.Lock takes a free lock without yielding). That reaches
+into private attributes of httpcore 0.16 (Debian 12's), so it is done for
+that series only; any other httpcore gets its own pool, correct and slower
+(tests/python/test_sdk.py checks the locks are swapped here).
 """
 
 from __future__ import annotations
@@ -14,26 +23,45 @@ import ssl
 from typing import Any, Optional
 
 import httpcore
+from httpcore._synchronization import AsyncLock as _AnyioLock
 from httpcore._utils import is_socket_readable
 from httpcore.backends.base import AsyncNetworkBackend, AsyncNetworkStream
 
 _LIMIT = 1 << 20  # the stream reader's buffer
+_CORK = 64 << 10  # writes held for the next read, at most
 
 
 async def _bounded(coro, timeout: Optional[float], error):
+    # asyncio.timeout (3.11) bounds the await in place; wait_for would run
+    # the read as a task of its own, two more turns of the loop per read.
     try:
         if timeout is None:
             return await coro
-        return await asyncio.wait_for(coro, timeout)
+        if _timeout is None:
+            return await asyncio.wait_for(coro, timeout)
+        async with _timeout(timeout):
+            return await coro
     except asyncio.TimeoutError as e:
         raise error("timed out") from e
 
 
+_timeout = getattr(asyncio, "timeout", None)
+
+
 class _Stream(AsyncNetworkStream):
+    """An asyncio stream for httpcore. Writes wait (up to _CORK bytes) until
+    the next read, so a request's head and body leave in one send, as
+    http.client sends them: httpcore writes them apart, and each send is a
+    system call here and a wakeup of the daemon there."""
+
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
         self._reader, self._writer = reader, writer
+        self._pending: list = []
+        self._pending_bytes = 0
 
     async def read(self, max_bytes: int, timeout: Optional[float] = None) -> bytes:
+        if self._pending:
+            await self._flush(timeout)
         try:
             return await _bounded(self._reader.read(max_bytes), timeout, httpcore.ReadTimeout)
         except (OSError, ssl.SSLError) as e:
@@ -42,8 +70,16 @@ class _Stream(AsyncNetworkStream):
     async def write(self, buffer: bytes, timeout: Optional[float] = None) -> None:
         if not buffer:
             return
+        self._pending.append(buffer)
+        self._pending_bytes += len(buffer)
+        if self._pending_bytes >= _CORK:
+            await self._flush(timeout)
+
+    async def _flush(self, timeout: Optional[float]) -> None:
+        data = b"".join(self._pending) if len(self._pending) > 1 else self._pending[0]
+        self._pending, self._pending_bytes = [], 0
         try:
-            self._writer.write(buffer)
+            self._writer.write(data)
             await _bounded(self._writer.drain(), timeout, httpcore.WriteTimeout)
         except (OSError, ssl.SSLError) as e:
             raise httpcore.WriteError(str(e)) from e
@@ -96,3 +132,59 @@ class AsyncioBackend(AsyncNetworkBackend):
 
     async def sleep(self, seconds: float) -> None:
         await asyncio.sleep(seconds)
+
+
+class _Lock:
+    """httpcore's lock interface (an async context manager) on asyncio.Lock."""
+
+    __slots__ = ("_lock",)
+
+    def __init__(self) -> None:
+        self._lock = asyncio.Lock()
+
+    async def __aenter__(self) -> "_Lock":
+        await self._lock.acquire()
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        self._lock.release()
+
+
+def _swap_lock(owner: Any, name: str) -> None:
+    # Only a lock of httpcore's own type that nobody holds: httpcore
+    # creates these lazily (their anyio lock is made at first use), and
+    # every place that takes them is an `async with` that has ended here.
+    if type(getattr(owner, name, None)) is _AnyioLock:
+        setattr(owner, name, _Lock())
+
+
+class _Connection(httpcore.AsyncHTTPConnection):
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        _swap_lock(self, "_request_lock")
+
+    async def handle_async_request(self, request: httpcore.Request) -> httpcore.Response:
+        response = await super().handle_async_request(request)
+        # The HTTP/1.1 connection is made by the first request; its state
+        # lock is free between its request and the response's close.
+        _swap_lock(getattr(self, "_connection", None), "_state_lock")
+        return response
+
+
+class _ConnectionPool(httpcore.AsyncConnectionPool):
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        _swap_lock(self, "_pool_lock")
+
+    def create_connection(self, origin: httpcore.Origin) -> httpcore.AsyncConnectionInterface:
+        return _Connection(origin=origin, ssl_context=self._ssl_context, keepalive_expiry=self._keepalive_expiry,
+                           http1=self._http1, http2=self._http2, retries=self._retries,
+                           local_address=self._local_address, uds=self._uds, network_backend=self._network_backend)
+
+
+def connection_pool(**kwargs: Any) -> httpcore.AsyncConnectionPool:
+    """httpcore's connection pool, with asyncio locks on httpcore 0.16 (see the module's doc)."""
+    if httpcore.__version__.startswith("0.16."):
+        return _ConnectionPool(**kwargs)
+    return httpcore.AsyncConnectionPool(**kwargs)

@@ -14,7 +14,7 @@ import urllib.parse
 import httpcore
 
 from . import _common as c
-from ._asyncio_net import AsyncioBackend
+from ._asyncio_net import AsyncioBackend, connection_pool
 from ._common import ExecResult
 from .errors import NotFound, SandboxError
 
@@ -49,8 +49,8 @@ class AsyncClient:
         # client layer and anyio cost a millisecond a call that this SDK
         # does not need (docs/benchmarks.md, "sdk").
         self._http = [
-            httpcore.AsyncConnectionPool(ssl_context=context, max_connections=1024, max_keepalive_connections=512,
-                                         keepalive_expiry=30, uds=e.uds, network_backend=AsyncioBackend())
+            connection_pool(ssl_context=context, max_connections=1024, max_keepalive_connections=512,
+                            keepalive_expiry=30, uds=e.uds, network_backend=AsyncioBackend())
             for e in self._endpoints
         ]
         self._bases = [e.base_url for e in self._endpoints]

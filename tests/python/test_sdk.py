@@ -3,12 +3,17 @@ unix socket as root: every call sync and async, detached commands across
 dropped clients and daemon restarts, retries across a daemon crash, ttl."""
 
 import asyncio
+import os
+import socket
 import threading
 import time
 
 import pytest
 
+import httpcore
+
 import strata
+from strata import _asyncio_net
 
 
 def test_every_call_sync(node, target):
@@ -99,6 +104,10 @@ def test_every_call_async(node, target):
                 # Many calls at once share the pool.
                 results = await asyncio.gather(*[sb.exec(["echo", str(i)]) for i in range(32)])
                 assert [r.stdout for r in results] == [f"{i}\n".encode() for i in range(32)]
+                # A body past the stream's cork (64 KiB) leaves at once; a small one with the next read.
+                big = os.urandom(300_000)
+                await sb.write_file("/root/big", big)
+                assert await sb.read_file("/root/big") == big
             with pytest.raises(strata.NotFound):
                 await client.get(sb.id)
 
@@ -330,3 +339,32 @@ def test_a_warm_pool_serves_the_creates_that_match(node):
         while time.time() < deadline and client.warm_pools():
             time.sleep(0.1)
         assert client.warm_pools() == []
+
+
+def test_the_async_pool_takes_asyncio_locks_and_keeps_its_timeouts(node):
+    """On Debian's httpcore (0.16) the AsyncClient's pool and connections hold
+    asyncio locks, not anyio's (docs/benchmarks.md, "sdk"); a server that
+    never answers still times out at the client's timeout."""
+
+    async def main():
+        async with strata.AsyncClient("unix://" + node.socket) as client:
+            async with await client.create(layers=["busybox:1"]) as sb:
+                await asyncio.gather(*[sb.exec("true") for _ in range(4)])
+                pool = client._http[0]
+                if httpcore.__version__.startswith("0.16."):
+                    assert type(pool._pool_lock) is _asyncio_net._Lock
+                    assert pool.connections
+                    for conn in pool.connections:
+                        assert type(conn._request_lock) is _asyncio_net._Lock
+                        assert type(conn._connection._state_lock) is _asyncio_net._Lock
+        with socket.socket() as mute:
+            mute.bind(("127.0.0.1", 0))
+            mute.listen()
+            url = "http://127.0.0.1:%d" % mute.getsockname()[1]
+            async with strata.AsyncClient(url, timeout=0.5, retry_deadline=0) as client:
+                started = time.monotonic()
+                with pytest.raises(strata.RequestTimeout):
+                    await client.health()
+                assert time.monotonic() - started < 5
+
+    asyncio.run(main())
