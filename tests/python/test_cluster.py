@@ -219,6 +219,19 @@ class Cluster:
             time.sleep(0.1)
         raise AssertionError(f"live nodes {sorted(self.live())}, wanted {sorted(want)}")
 
+    def wait_reported_empty(self, timeout=20):
+        """Until every node's last report (what the gateways place by) says
+        it holds no sandbox: a test that follows a burst of destroys would
+        otherwise place by reports from before them."""
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            loads = {k: json.loads(v)["load"]["sandboxes"] for k, v in self.etcd.prefix("/strata/live/").items()}
+            if len(loads) == len(self.nodes) and not any(loads.values()):
+                time.sleep(1.2)  # (the gateways' next look)
+                return
+            time.sleep(0.1)
+        raise AssertionError(f"node reports still count sandboxes: {loads}")
+
     def counts(self):
         return {name: len(n.sandboxes()) for name, n in self.nodes.items()}
 
@@ -304,6 +317,7 @@ def test_creations_spread_by_load_and_calls_reach_their_node(cluster):
         finally:
             destroy_all(c, boxes)
     assert sum(cluster.counts().values()) == 0
+    cluster.wait_reported_empty()
 
 
 def test_a_killed_node_gets_nothing_and_its_sandboxes_answer_node_lost_until_it_returns(cluster):
