@@ -31,21 +31,23 @@ _LIMIT = 1 << 20  # the stream reader's buffer
 _CORK = 64 << 10  # writes held for the next read, at most
 
 
+_timeout = getattr(asyncio, "timeout", None)  # Python 3.11
+
+
 async def _bounded(coro, timeout: Optional[float], error):
-    # asyncio.timeout (3.11) bounds the await in place; wait_for would run
-    # the read as a task of its own, two more turns of the loop per read.
+    # asyncio.timeout bounds the await in place; wait_for runs it as a task
+    # of its own, two more turns of the loop. But 3.11's timeout reports a
+    # cancellation as a timeout only when the task has no other pending
+    # (one it caught and went on from leaves a count): then wait_for.
     try:
         if timeout is None:
             return await coro
-        if _timeout is None:
+        if _timeout is None or asyncio.current_task().cancelling():
             return await asyncio.wait_for(coro, timeout)
         async with _timeout(timeout):
             return await coro
     except asyncio.TimeoutError as e:
         raise error("timed out") from e
-
-
-_timeout = getattr(asyncio, "timeout", None)
 
 
 class _Stream(AsyncNetworkStream):
@@ -58,10 +60,11 @@ class _Stream(AsyncNetworkStream):
         self._reader, self._writer = reader, writer
         self._pending: list = []
         self._pending_bytes = 0
+        self._write_timeout: Optional[float] = None
 
     async def read(self, max_bytes: int, timeout: Optional[float] = None) -> bytes:
         if self._pending:
-            await self._flush(timeout)
+            await self._flush(self._write_timeout)
         try:
             return await _bounded(self._reader.read(max_bytes), timeout, httpcore.ReadTimeout)
         except (OSError, ssl.SSLError) as e:
@@ -72,6 +75,7 @@ class _Stream(AsyncNetworkStream):
             return
         self._pending.append(buffer)
         self._pending_bytes += len(buffer)
+        self._write_timeout = timeout  # (held data goes out under the write's bound)
         if self._pending_bytes >= _CORK:
             await self._flush(timeout)
 
@@ -166,8 +170,12 @@ class _Connection(httpcore.AsyncHTTPConnection):
     async def handle_async_request(self, request: httpcore.Request) -> httpcore.Response:
         response = await super().handle_async_request(request)
         # The HTTP/1.1 connection is made by the first request; its state
-        # lock is free between its request and the response's close.
-        _swap_lock(getattr(self, "_connection", None), "_state_lock")
+        # lock is free between its request and the response's close (and
+        # no other request can have it: one at a time on HTTP/1.1, which is
+        # all the SDK speaks; an HTTP/2 connection keeps its anyio locks).
+        connection = getattr(self, "_connection", None)
+        if isinstance(connection, httpcore.AsyncHTTP11Connection):
+            _swap_lock(connection, "_state_lock")
         return response
 
 
@@ -185,6 +193,8 @@ class _ConnectionPool(httpcore.AsyncConnectionPool):
 
 def connection_pool(**kwargs: Any) -> httpcore.AsyncConnectionPool:
     """httpcore's connection pool, with asyncio locks on httpcore 0.16 (see the module's doc)."""
-    if httpcore.__version__.startswith("0.16."):
+    # (HTTP/1.1 only: the write cork holds frames until a read, which HTTP/2's
+    # many streams on one connection must not wait for.)
+    if httpcore.__version__.startswith("0.16.") and not kwargs.get("http2"):
         return _ConnectionPool(**kwargs)
     return httpcore.AsyncConnectionPool(**kwargs)

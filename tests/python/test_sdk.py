@@ -364,7 +364,22 @@ def test_the_async_pool_takes_asyncio_locks_and_keeps_its_timeouts(node):
             async with strata.AsyncClient(url, timeout=0.5, retry_deadline=0) as client:
                 started = time.monotonic()
                 with pytest.raises(strata.RequestTimeout):
-                    await client.health()
+                    # (wait_for: a broken timeout fails here, not hangs the suite)
+                    await asyncio.wait_for(client.health(), 10)
                 assert time.monotonic() - started < 5
+
+                # A task that once caught a cancellation and went on still
+                # gets RequestTimeout (Python 3.11's asyncio.timeout would
+                # report a CancelledError there).
+                async def after_a_swallowed_cancel():
+                    asyncio.current_task().cancel()
+                    try:
+                        await asyncio.sleep(1)
+                    except asyncio.CancelledError:
+                        pass
+                    await client.health()
+
+                with pytest.raises(strata.RequestTimeout):
+                    await asyncio.wait_for(after_a_swallowed_cancel(), 10)
 
     asyncio.run(main())
