@@ -450,6 +450,7 @@ int main(int argc, char** argv) {
   auto* warm = app.add_subcommand("warm", "keep N sandboxes of a layer stack ready (a warm pool); without --layer, list the pools");
   int warm_size = -1;
   warm->add_option("--layer", spec.layers, "layer REF, bottom first");
+  warm->add_option("--backend", spec.backend, "container or microvm")->capture_default_str();
   warm->add_option("--store", spec.store, "store URL (default: the daemon's)");
   warm->add_option("--size", warm_size, "ready sandboxes to keep (0 removes the pool)");
   warm->add_option("--cpus", cpus, "CPU quota in cores");

@@ -152,8 +152,8 @@ def create_body(layers: Sequence[str], backend: str, cpus: Optional[float], memo
 
 
 def warm_body(layers: Sequence[str], size: int, cpus: Optional[float], memory: Union[str, int, None], pids: Optional[int],
-              disk: Union[str, int, None], network: Any, store: Optional[str]) -> Dict[str, Any]:
-    body = create_body(layers, "container", cpus, memory, pids, disk, network, None, None, store, None, None)
+              disk: Union[str, int, None], network: Any, store: Optional[str], backend: str = "container") -> Dict[str, Any]:
+    body = create_body(layers, backend, cpus, memory, pids, disk, network, None, None, store, None, None)
     body["size"] = int(size)
     return body
 

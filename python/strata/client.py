@@ -163,11 +163,12 @@ class Client:
     def warm(self, layers: Sequence[str], size: int, cpus: Optional[float] = None, memory: Union[str, int, None] = None,
              pids: Optional[int] = None, disk: Union[str, int, None] = None,
              network: Union[str, Mapping[str, Any], None] = None, allow: Optional[Sequence[str]] = None,
-             store: Optional[str] = None) -> Dict[str, Any]:
-        """Keeps ``size`` sandboxes of this layer stack, limits and network
-        ready (a warm pool; 0 removes it): a ``create`` with the same ones
-        takes one at once. The node's operator only. Returns the pool."""
-        body = c.warm_body(layers, size, cpus, memory, pids, disk, c.network_body(network, allow), store)
+             store: Optional[str] = None, backend: str = "container") -> Dict[str, Any]:
+        """Keeps ``size`` sandboxes of this layer stack, back end (``container``
+        or ``microvm``), limits and network ready (a warm pool; 0 removes
+        it): a ``create`` with the same ones takes one at once. The node's
+        operator only. Returns the pool."""
+        body = c.warm_body(layers, size, cpus, memory, pids, disk, c.network_body(network, allow), store, backend)
         return self._json("POST", "/v1/warm", body=body)
 
     def warm_pools(self) -> List[Dict[str, Any]]:
