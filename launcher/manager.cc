@@ -3,6 +3,7 @@
 
 #include <dirent.h>
 #include <signal.h>
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -75,19 +76,6 @@ Result<SandboxSpec> WarmSpecFromJson(const json& j) {
 // workdir and file rules, as for a container.)
 bool Pooled(const std::string& backend) { return backend == "container" || backend == "microvm"; }
 
-// A pooled guest's first command costs what no later one does: under TCG
-// the guest's fork and exec paths are translated for the first time
-// (about 100 ms here, against 20 for the next). So the pool runs one
-// before it offers the guest; it leaves nothing behind, and a stack
-// without `true` only keeps that cost for its taker.
-void WarmUpGuest(Sandbox& sb) {
-  ExecRequest warm;
-  warm.argv = {"true"};
-  warm.timeout = std::chrono::seconds(30);
-  auto r = sb.Exec(std::move(warm), [](int, std::string_view) {});
-  if (!r.ok()) STRATA_LOG(kDebug) << "warm pool: warm-up command in " << sb.id() << ": " << r.status().ToString();
-}
-
 constexpr int kWarmFillers = 2;     // sandboxes made at once for pools
 constexpr int kWarmMaxSize = 4096;
 // Refills wait until takes have paused this long.
@@ -141,6 +129,8 @@ SandboxManager::~SandboxManager() {
   {
     std::lock_guard lock(warm_mu_);
     warm_stopping_ = true;
+    for (int fd : warm_up_cancels_) ::close(fd);  // (abandons warm-up commands)
+    warm_up_cancels_.clear();
   }
   warm_cv_.notify_all();
   for (auto& t : fillers_) t.join();
@@ -769,8 +759,11 @@ void SandboxManager::FillWarm() {
       auto sb = Sandbox::Create(spec, node_);
       if (sb.ok()) {
         made = std::move(*sb);
-        if (spec.backend == "microvm") WarmUpGuest(*made);
-        s = Record(spec.id, {{"status", "running"}, {"kind", "warm"}, {"pool", pool->name}});
+        if (spec.backend == "microvm" && !WarmUpGuest(*made)) {
+          s = Error(EHOSTDOWN, StrCat("microVM ", spec.id, ": the guest stopped answering its warm-up command"));
+        } else {
+          s = Record(spec.id, {{"status", "running"}, {"kind", "warm"}, {"pool", pool->name}});
+        }
         if (!s.ok()) {
           made->Destroy().IgnoreError();
           made.reset();
@@ -797,6 +790,41 @@ void SandboxManager::FillWarm() {
       STRATA_LOG(kWarn) << "warm pool " << pool->name << ": " << s.ToString();
     }
   }
+}
+
+// A pooled guest's first command costs what no later one does: under TCG
+// the guest's fork and exec paths are translated the first time they run
+// (100-120 ms here, against 20 for the next). So the pool runs one before
+// it offers the guest; it leaves nothing behind, and a stack without
+// `true` only keeps that cost for its taker. The agent bounds the command;
+// a guest that hangs whole is abandoned when the daemon stops.
+bool SandboxManager::WarmUpGuest(Sandbox& sb) {
+  int p[2];
+  if (::pipe2(p, O_CLOEXEC) != 0) return sb.Alive();
+  UniqueFd hangup(p[0]);
+  {
+    std::lock_guard lock(warm_mu_);
+    if (warm_stopping_) {
+      ::close(p[1]);
+      return false;
+    }
+    warm_up_cancels_.push_back(p[1]);
+  }
+  ExecRequest warm;
+  warm.argv = {"true"};
+  warm.timeout = std::chrono::seconds(30);
+  warm.cancel_fd = hangup.get();
+  auto r = sb.Exec(std::move(warm), [](int, std::string_view) {});
+  {
+    std::lock_guard lock(warm_mu_);
+    if (auto it = std::find(warm_up_cancels_.begin(), warm_up_cancels_.end(), p[1]); it != warm_up_cancels_.end()) {
+      warm_up_cancels_.erase(it);
+      ::close(p[1]);
+    }
+    if (warm_stopping_) return false;
+  }
+  if (!r.ok()) STRATA_LOG(kWarn) << "warm pool: warm-up command in " << sb.id() << ": " << r.status().ToString();
+  return r.ok() || sb.Alive();
 }
 
 Result<std::shared_ptr<SandboxManager::Entry>> SandboxManager::Find(const std::string& id) {
@@ -1159,6 +1187,22 @@ uint64_t SandboxManager::CommittedMemory() {
   std::lock_guard lock(warm_mu_);
   for (auto& [key, p] : warm_) sum += (p->ready.size() + static_cast<size_t>(p->filling)) * MemoryCommit(p->spec);
   return sum;
+}
+
+uint64_t SandboxManager::WarmFillCommit() {
+  uint64_t most = 0;
+  std::lock_guard lock(warm_mu_);
+  for (auto& [key, p] : warm_) {
+    if (static_cast<int>(p->ready.size()) + p->filling < p->size) most = std::max(most, MemoryCommit(p->spec));
+  }
+  return most;
+}
+
+bool SandboxManager::WarmReadyFor(const SandboxSpec& spec) {
+  if (!Pooled(spec.backend)) return false;
+  std::lock_guard lock(warm_mu_);
+  auto it = warm_.find(WarmKey(spec));
+  return it != warm_.end() && !it->second->ready.empty();
 }
 
 std::map<std::string, int64_t> SandboxManager::StateCounts() {

@@ -85,6 +85,12 @@ class SandboxManager {
   // The memory limits (each with the agent's reserve) of every container
   // sandbox, warm pools' ready ones and function-call pools included.
   uint64_t CommittedMemory();
+  // The most memory one more warm sandbox would commit (the largest of the
+  // pools short of their size; 0 if none is).
+  uint64_t WarmFillCommit();
+  // Whether a warm pool holds a ready sandbox for `spec` (its memory is in
+  // CommittedMemory already; a take may still find it gone).
+  bool WarmReadyFor(const SandboxSpec& spec);
   // The sandboxes of `owner`.
   size_t CountOwned(const std::string& owner);
   // The tenant a sandbox belongs to ("" for the operator's), or ENOENT.
@@ -187,6 +193,9 @@ class SandboxManager {
   // The warm pools' background work: fills them, and removes what no pool
   // wants any more (shrunk, removed, memory short).
   void FillWarm();
+  // Runs one command in a microVM a pool just made; false if its guest
+  // stopped answering (or the daemon is stopping).
+  bool WarmUpGuest(Sandbox& sb);
   Status RecordWarmPool(const WarmPool& pool);
   Result<std::shared_ptr<Entry>> Find(const std::string& id);
   // The entry's container sandbox, or an error naming why there is none.
@@ -211,6 +220,9 @@ class SandboxManager {
   std::condition_variable warm_cv_;
   std::vector<std::thread> fillers_;
   bool warm_stopping_ = false;
+  // Write ends of the hang-up pipes of warm-up commands in flight (under
+  // warm_mu_): stopping closes them, which abandons the commands.
+  std::vector<int> warm_up_cancels_;
   std::chrono::steady_clock::time_point last_take_{};
   std::thread reaper_;
   std::condition_variable reaper_cv_;

@@ -341,12 +341,19 @@ Result<std::unique_ptr<LauncherServer>> LauncherServer::Start(const ServeOptions
       v.status = Error(EAGAIN, StrCat("node full (--max-sandboxes ", max, ")"));
       v.shed = in_use + static_cast<int64_t>(held) > max;
     }
-    if (capacity > 0 && m->CommittedMemory() >= capacity) {
-      v.status = Error(EAGAIN, StrCat("memory limits at --memory-capacity ", FormatBytes(capacity)));
+    // (A microVM commits its guest's RAM and more even without a limit:
+    // the next one must fit whole, and may need more than the margin.)
+    const uint64_t next = m->WarmFillCommit();
+    if (capacity > 0) {
+      const uint64_t committed = m->CommittedMemory();
+      if (committed + next > capacity) {
+        v.status = Error(EAGAIN, StrCat("memory limits at --memory-capacity ", FormatBytes(capacity)));
+        v.shed |= committed > capacity;
+      }
     }
     if (reserve > 0) {
       const uint64_t available = s_ptr->SandboxMemoryAvailable();
-      if (available < reserve + kWarmMemoryMargin) {
+      if (available < reserve + std::max(kWarmMemoryMargin, next)) {
         v.status = Error(ENOMEM, StrCat("memory available ", FormatBytes(available), " is near the reserve ", FormatBytes(reserve)));
         v.shed |= available < reserve;
       }
@@ -841,7 +848,9 @@ Response LauncherServer::Create(const Request& req, const json& body, const Call
       else outcomes[i].error = info.status();
       return;
     }
-    if (Status a = Admit(caller, MemoryCommit(*spec)); !a.ok()) {
+    // A create a ready warm sandbox serves commits nothing new: the pool's
+    // count has it already.
+    if (Status a = Admit(caller, manager_.WarmReadyFor(*spec) ? 0 : MemoryCommit(*spec)); !a.ok()) {
       outcomes[i].error = a;
       return;
     }
