@@ -193,8 +193,9 @@ class _ConnectionPool(httpcore.AsyncConnectionPool):
 
 def connection_pool(**kwargs: Any) -> httpcore.AsyncConnectionPool:
     """httpcore's connection pool, with asyncio locks on httpcore 0.16 (see the module's doc)."""
-    # (HTTP/1.1 only: the write cork holds frames until a read, which HTTP/2's
-    # many streams on one connection must not wait for.)
+    # (HTTP/1.1 only: an HTTP/2 connection's locks are shared by its
+    # streams, so they may be held when the swap would happen. The stream's
+    # write cork assumes HTTP/1.1 as well; the SDK never asks for HTTP/2.)
     if httpcore.__version__.startswith("0.16.") and not kwargs.get("http2"):
         return _ConnectionPool(**kwargs)
     return httpcore.AsyncConnectionPool(**kwargs)
