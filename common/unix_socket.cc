@@ -65,4 +65,29 @@ Result<UniqueFd> ConnectUnix(const std::string& path, Duration reply_timeout) {
   return fd;
 }
 
+Status SendWithFd(int sock, std::string_view bytes, int fd) {
+  iovec iov{const_cast<char*>(bytes.data()), bytes.size()};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  if (fd >= 0) {
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof control;
+    cmsghdr* cm = CMSG_FIRSTHDR(&msg);
+    cm->cmsg_level = SOL_SOCKET;
+    cm->cmsg_type = SCM_RIGHTS;
+    cm->cmsg_len = CMSG_LEN(sizeof(int));
+    std::memcpy(CMSG_DATA(cm), &fd, sizeof fd);
+  }
+  ssize_t sent;
+  while ((sent = ::sendmsg(sock, &msg, MSG_NOSIGNAL)) < 0) {
+    if (errno != EINTR) return ErrnoError(errno, "sendmsg");
+  }
+  if (static_cast<size_t>(sent) != bytes.size()) {
+    return Error(EMSGSIZE, StrCat("sendmsg: ", sent, " of ", bytes.size(), " bytes sent"));
+  }
+  return OkStatus();
+}
+
 }  // namespace strata

@@ -5,6 +5,7 @@
 #include <sys/types.h>
 
 #include <string>
+#include <string_view>
 
 #include "common/status.h"
 #include "common/unique_fd.h"
@@ -21,5 +22,10 @@ Result<UniqueFd> ListenUnix(const std::string& path, mode_t mode, int backlog = 
 // connect (a full backlog: ETIMEDOUT) and each later read and write on the
 // connection (SO_RCVTIMEO/SO_SNDTIMEO; one past it fails EAGAIN).
 Result<UniqueFd> ConnectUnix(const std::string& path, Duration reply_timeout = Duration{0});
+
+// Sends `bytes` in one sendmsg on a unix socket with descriptor `fd`
+// attached (SCM_RIGHTS; -1: none). A stream socket may take part of
+// `bytes` (EMSGSIZE then: callers send messages that fit).
+Status SendWithFd(int sock, std::string_view bytes, int fd);
 
 }  // namespace strata

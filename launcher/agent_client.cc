@@ -418,4 +418,15 @@ Status AgentClient::Freeze(bool freeze) {
   return OkStatus();
 }
 
+Status AgentClient::Identify(const json& identity) {
+  STRATA_ASSIGN_OR_RETURN(int raw, Connect(kControlReplyTimeout));
+  UniqueFd fd(raw);
+  STRATA_RETURN_IF_ERROR(WriteFrame(fd.get(), Frame::kIdentity, identity.dump()));
+  Frame type;
+  std::string payload;
+  STRATA_RETURN_IF_ERROR(ReadFrame(fd.get(), &type, &payload).Annotate("identity"));
+  if (type != Frame::kOk) return ParseErrorFrame(payload).Annotate("identity");
+  return OkStatus();
+}
+
 }  // namespace strata::launcher

@@ -167,6 +167,8 @@ class AgentClient {
   Status Shutdown();
   // A microVM's agent: freezes (or thaws) the upper disk's filesystem.
   Status Freeze(bool freeze);
+  // A microVM's agent: takes its identity (Frame::kIdentity).
+  Status Identify(const nlohmann::json& identity);
 
  private:
   Result<int> Connect(Duration reply_timeout = Duration{0});

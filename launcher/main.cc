@@ -314,6 +314,10 @@ int main(int argc, char** argv) {
   serve->add_option("--socket", serve_options.socket_path, "socket")->capture_default_str();
   serve->add_option("--kernel", node.vm_kernel, "microVMs' guest kernel, an uncompressed vmlinux (STRATA_VM_KERNEL)")
       ->capture_default_str();
+  serve->add_option("--vm-templates", node.vm_templates,
+                    "saved states of booted microVMs kept, one per stack and shape, to resume instead of boot; 0: off "
+                    "(STRATA_VM_TEMPLATES)")
+      ->capture_default_str();
   serve->add_option("--state", serve_options.state_dir, "state directory (LMDB registry)")->capture_default_str();
   serve->add_option("--allow-group", serve_options.allow_group, "also allow members of this group (as the operator)");
   serve->add_option("--tokens", serve_options.tokens_file, "tenants and their token hashes (launcher token new)");

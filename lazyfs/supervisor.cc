@@ -33,24 +33,7 @@ constexpr int kChildFd = 3;  // where the serving process finds its end
 Status SendMessage(int sock, const json& message, int fd) {
   const std::string text = message.dump();
   if (text.size() > kMaxMessage) return Error(EMSGSIZE, "supervisor message too long");
-  iovec iov{const_cast<char*>(text.data()), text.size()};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-  if (fd >= 0) {
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof control;
-    cmsghdr* cm = CMSG_FIRSTHDR(&msg);
-    cm->cmsg_level = SOL_SOCKET;
-    cm->cmsg_type = SCM_RIGHTS;
-    cm->cmsg_len = CMSG_LEN(sizeof(int));
-    std::memcpy(CMSG_DATA(cm), &fd, sizeof fd);
-  }
-  while (::sendmsg(sock, &msg, MSG_NOSIGNAL) < 0) {
-    if (errno != EINTR) return ErrnoError(errno, StrCat("send ", message.value("op", std::string("message")), " to the supervisor link"));
-  }
-  return OkStatus();
+  return SendWithFd(sock, text, fd).Annotate(StrCat("send ", message.value("op", std::string("message")), " to the supervisor link"));
 }
 
 Result<json> ReceiveMessage(int sock, UniqueFd* fd) {

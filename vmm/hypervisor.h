@@ -57,6 +57,11 @@ struct GuestSpec {
   std::string console_log;
   std::string accel = "tcg";       // "kvm" or "tcg"
   Jail jail;
+  // A state Guest::Save wrote, of a guest of this same spec but its name,
+  // network card address and writable disks' paths: the guest resumes
+  // from it instead of booting (its writable disks must hold what the
+  // saved guest's held when it was saved). Empty: boot.
+  std::string restore_state;
 };
 
 class Guest {
@@ -70,6 +75,10 @@ class Guest {
   // Stops and continues every vCPU (the whole machine).
   virtual Status Pause() = 0;
   virtual Status Resume() = 0;
+  // Writes the whole machine's state (RAM and devices) to `path` and
+  // leaves the guest paused, its disks flushed: a copy of each writable
+  // disk made now belongs with the state. Resume() continues the guest.
+  virtual Status Save(const std::string& path, Duration deadline) = 0;
   // Ends the guest: asks the hypervisor to quit, kills it after `grace`,
   // waits until it is gone. Idempotent.
   virtual Status Stop(Duration grace) = 0;
@@ -83,8 +92,8 @@ class Hypervisor {
  public:
   virtual ~Hypervisor() = default;
   // Starts a guest; returns once the hypervisor answers its control
-  // channel (the guest may still be booting). Nothing is left behind on
-  // error.
+  // channel (the guest may still be booting), or, restoring a saved state,
+  // once the guest runs again. Nothing is left behind on error.
   virtual Result<std::unique_ptr<Guest>> Start(const GuestSpec& spec) = 0;
   // A guest started earlier with this `state_dir`; ENOENT when it is gone.
   virtual Result<std::unique_ptr<Guest>> Adopt(const std::string& state_dir) = 0;

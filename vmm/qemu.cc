@@ -54,6 +54,8 @@ std::string Tail(const std::string& path, size_t max_bytes) {
   return s;
 }
 
+Status WaitForMigration(QmpClient& qmp, std::chrono::steady_clock::time_point until);
+
 class QemuGuest : public Guest {
  public:
   QemuGuest(std::string state_dir, std::string console_log, std::optional<Subprocess> process, pid_t pid, uint64_t start)
@@ -71,6 +73,15 @@ class QemuGuest : public Guest {
   }
 
   Status Pause() override { return Command("stop").Annotate("pause the microVM"); }
+
+  Status Save(const std::string& path, Duration deadline) override {
+    std::lock_guard lock(mu_);
+    if (!RunningLocked()) return Error(ESRCH, StrCat("save the microVM: its QEMU is gone: ", Tail(console_log_, 300)));
+    STRATA_RETURN_IF_ERROR(QmpLocked());
+    Status s = SaveLocked(path, deadline);
+    if (!s.ok()) qmp_.reset();
+    return s.Annotate("save the microVM to " + path);
+  }
   Status Resume() override { return Command("cont").Annotate("resume the microVM"); }
 
   Status Stop(Duration grace) override {
@@ -129,6 +140,17 @@ class QemuGuest : public Guest {
     qmp_.emplace(std::move(*client));
     return OkStatus();
   }
+  Status SaveLocked(const std::string& path, Duration deadline) {
+    const auto until = std::chrono::steady_clock::now() + deadline;
+    STRATA_ASSIGN_OR_RETURN(UniqueFd out, OpenFile(path, O_WRONLY | O_CREAT | O_TRUNC, 0600));
+    STRATA_RETURN_IF_ERROR(qmp_->Execute("stop").status());
+    STRATA_RETURN_IF_ERROR(qmp_->ExecuteWithFd("getfd", {{"fdname", "state"}}, out.get()).status());
+    STRATA_RETURN_IF_ERROR(qmp_->Execute("migrate", {{"uri", "fd:state"}}).status());
+    out.reset();  // (QEMU holds its own copy until the stream ends)
+    Status done = WaitForMigration(*qmp_, until);
+    if (!done.ok()) qmp_->Execute("migrate_cancel").status().IgnoreError();
+    return done;
+  }
   Status Command(const char* command) {
     std::lock_guard lock(mu_);
     if (!RunningLocked()) return Error(ESRCH, StrCat("its QEMU is gone: ", Tail(console_log_, 300)));
@@ -149,6 +171,20 @@ class QemuGuest : public Guest {
   std::optional<QmpClient> qmp_;
   bool stopped_ = false, released_ = false;
 };
+
+// Polls a migration (out: Save; in: a restore) until it completed.
+Status WaitForMigration(QmpClient& qmp, std::chrono::steady_clock::time_point until) {
+  while (true) {
+    STRATA_ASSIGN_OR_RETURN(json info, qmp.Execute("query-migrate"));
+    const std::string status = info.value("status", "");
+    if (status == "completed") return OkStatus();
+    if (status == "failed" || status == "cancelled") {
+      return Error(EIO, StrCat("migration ", status, info.contains("error-desc") ? ": " + info.value("error-desc", "") : ""));
+    }
+    if (std::chrono::steady_clock::now() > until) return Error(ETIMEDOUT, StrCat("migration still ", status.empty() ? "starting" : status));
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
 
 }  // namespace
 
@@ -209,7 +245,11 @@ std::vector<std::string> QemuHypervisor::CommandLine(const GuestSpec& spec) cons
     // read-only first, and a descriptor set hands out only matching modes.
     if (!d.read_only) a.insert(a.end(), {"-add-fd", StrCat("fd=", fd++, ",set=", disk)});
     a.insert(a.end(), {"-add-fd", StrCat("fd=", disk, ",set=", disk), "-drive",
-                       StrCat("file=/dev/fdset/", disk, ",if=none,id=disk", i, ",format=raw,read-only=", d.read_only ? "on" : "off",
+                       // No image locks: each writable disk is one guest's alone, and
+                       // after a Save QEMU could not take its own back (its read-only
+                       // descriptor of the disk keeps a lock the read-write one meets).
+                       StrCat("file=/dev/fdset/", disk, ",if=none,id=disk", i, ",format=raw,file.locking=off,read-only=",
+                              d.read_only ? "on" : "off",
                               d.read_only ? "" : ",discard=unmap"),
                        "-device", StrCat("virtio-blk-device,drive=disk", i, ",serial=", d.serial)});
   }
@@ -223,6 +263,7 @@ std::vector<std::string> QemuHypervisor::CommandLine(const GuestSpec& spec) cons
   // random pool is not ready for about a second after boot, and a
   // getrandom() (the agent's temporary names, a command's Python) waits.
   a.insert(a.end(), {"-device", "virtio-rng-device"});
+  if (!spec.restore_state.empty()) a.insert(a.end(), {"-incoming", StrCat("fd:", fd++)});
   a.insert(a.end(), {"-sandbox", "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny"});
   return a;
 }
@@ -250,9 +291,16 @@ Result<std::unique_ptr<Guest>> QemuHypervisor::Start(const GuestSpec& spec) {
       disks.push_back(std::move(*fd));
     }
   }
+  UniqueFd state;
+  if (!spec.restore_state.empty()) {
+    auto opened = OpenFile(spec.restore_state, O_RDONLY);
+    if (!opened.ok()) return opened.status().Annotate(StrCat("microVM ", spec.name, ": open the saved state"));
+    state = std::move(*opened);
+  }
   std::vector<int> pass = {qmp.get(), channel.get(), console.get()};
   for (const auto& d : disks) pass.push_back(d.get());
   if (spec.nic) pass.push_back(spec.nic->tap_fd);
+  if (state) pass.push_back(state.get());
 
   std::vector<std::string> argv = {spec.jail.jail_binary, "--root", root, "--uid", StrCat(spec.jail.uid), "--gid",
                                    StrCat(spec.jail.gid), "--bind", spec.kernel + ":/vm/kernel", "--bind",
@@ -286,6 +334,17 @@ Result<std::unique_ptr<Guest>> QemuHypervisor::Start(const GuestSpec& spec) {
     guest->Stop(std::chrono::seconds(1)).IgnoreError();
     if (!log.empty()) return Error(EIO, StrCat("microVM ", spec.name, ": QEMU did not start: ", log));
     return client.status().Annotate(StrCat("microVM ", spec.name, ": QEMU did not answer QMP"));
+  }
+  if (!spec.restore_state.empty()) {
+    // The state loads while QMP answers; the guest stays paused after (it
+    // was saved paused) until told to continue.
+    Status restored = WaitForMigration(*client, std::chrono::steady_clock::now() + options_.start_deadline);
+    if (restored.ok()) restored = client->Execute("cont").status();
+    if (!restored.ok()) {
+      std::string log = Tail(spec.state_dir + "/" + kQemuLog, 600);
+      guest->Stop(std::chrono::seconds(1)).IgnoreError();
+      return restored.Annotate(StrCat("microVM ", spec.name, ": restore the saved state", log.empty() ? "" : " (QEMU: " + log + ")"));
+    }
   }
   return std::unique_ptr<Guest>(std::move(guest));
 }

@@ -33,10 +33,19 @@ Result<QmpClient> QmpClient::Connect(const std::string& socket_path, Duration de
 }
 
 Result<json> QmpClient::Execute(const std::string& command, const json& arguments, Duration timeout) {
+  return Run(command, arguments, -1, timeout);
+}
+
+Result<json> QmpClient::ExecuteWithFd(const std::string& command, const json& arguments, int fd, Duration timeout) {
+  return Run(command, arguments, fd, timeout);
+}
+
+Result<json> QmpClient::Run(const std::string& command, const json& arguments, int fd, Duration timeout) {
   json request = {{"execute", command}};
   if (!arguments.is_null()) request["arguments"] = arguments;
   const std::string line = request.dump() + "\n";
-  STRATA_RETURN_IF_ERROR(WriteFull(fd_.get(), line).Annotate("qmp: send " + command));
+  // (QEMU takes a descriptor with the bytes it came with: one sendmsg.)
+  STRATA_RETURN_IF_ERROR((fd >= 0 ? SendWithFd(fd_.get(), line, fd) : WriteFull(fd_.get(), line)).Annotate("qmp: send " + command));
   STRATA_ASSIGN_OR_RETURN(json answer, ReadAnswer(Clock::now() + timeout));
   if (answer.contains("error")) {
     return Error(EIO, StrCat("qmp ", command, ": ", answer["error"].value("desc", answer["error"].dump())));

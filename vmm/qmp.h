@@ -28,11 +28,16 @@ class QmpClient {
   // Not thread-safe: one caller at a time.
   Result<nlohmann::json> Execute(const std::string& command, const nlohmann::json& arguments = nullptr,
                                  Duration timeout = std::chrono::seconds(10));
+  // The same with descriptor `fd` sent along (SCM_RIGHTS), as QMP's
+  // getfd and add-fd take one.
+  Result<nlohmann::json> ExecuteWithFd(const std::string& command, const nlohmann::json& arguments, int fd,
+                                       Duration timeout = std::chrono::seconds(10));
   // The events (their "event" names and data) received so far.
   const std::vector<nlohmann::json>& events() const { return events_; }
 
  private:
   explicit QmpClient(UniqueFd fd) : fd_(std::move(fd)) {}
+  Result<nlohmann::json> Run(const std::string& command, const nlohmann::json& arguments, int fd, Duration timeout);
   // The next message that is not an event (events are kept).
   Result<nlohmann::json> ReadAnswer(std::chrono::steady_clock::time_point deadline);
   // The next whole line, waiting until `deadline`.

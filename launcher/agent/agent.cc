@@ -1359,6 +1359,14 @@ void Agent::HandleRequest(int fd) {
       s = freeze_(req->value("freeze", true));
       s = s.ok() ? WriteFrame(conn.get(), Frame::kOk, "{}") : SendError(conn.get(), s);
       break;
+    case Frame::kIdentity:
+      if (!identify_) {
+        s = SendError(conn.get(), Error(ENOTSUP, "identity: only a microVM's agent takes one"));
+        break;
+      }
+      s = identify_(*req);
+      s = s.ok() ? WriteFrame(conn.get(), Frame::kOk, "{}") : SendError(conn.get(), s);
+      break;
     default: s = SendError(conn.get(), Error(EPROTO, "agent: unknown request type"));
   }
   (void)s;  // a failed send means the launcher went away; nothing to tell it

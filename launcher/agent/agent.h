@@ -39,10 +39,13 @@ class Agent {
   // each of its streams over this way), on a thread of its own.
   void ServeConnection(UniqueFd conn);
   // The agent is a microVM's init: a shutdown request ends with
-  // `power_off` (not an exit), and freeze requests call `freeze`.
-  void SetMicroVm(std::function<void()> power_off, std::function<Status(bool)> freeze) {
+  // `power_off` (not an exit), freeze requests call `freeze`, identity
+  // requests `identify`.
+  void SetMicroVm(std::function<void()> power_off, std::function<Status(bool)> freeze,
+                  std::function<Status(const nlohmann::json&)> identify) {
     power_off_ = std::move(power_off);
     freeze_ = std::move(freeze);
+    identify_ = std::move(identify);
   }
 
  private:
@@ -103,6 +106,7 @@ class Agent {
   std::vector<int> command_cgroups_;
   std::function<void()> power_off_;  // set in a microVM
   std::function<Status(bool)> freeze_;
+  std::function<Status(const nlohmann::json&)> identify_;
   std::mutex detached_mu_;
   std::map<std::string, std::shared_ptr<Detached>> detached_;
   uint64_t detached_seq_ = 0;

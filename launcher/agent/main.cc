@@ -40,13 +40,15 @@ constexpr int kListenFd = 3;
   if (!root.ok()) Fatal(root.status());
   static launcher::Agent agent({root->command_cgroup.release()});
   static const int upper = root->upper.release();
+  static const int initramfs = root->initramfs.release();
   agent.SetMicroVm(
       [] {
         ::sync();
         ::usleep(100000);  // the answer leaves through the channel first
         launcher::PowerOff();
       },
-      [](bool freeze) { return launcher::FreezeUpper(upper, freeze); });
+      [](bool freeze) { return launcher::FreezeUpper(upper, freeze); },
+      [](const nlohmann::json& identity) { return launcher::ApplyIdentity(initramfs, identity); });
   StreamMux mux({.host = false, .open_local = []() -> Result<UniqueFd> {
                    int pair[2];
                    if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) != 0) return ErrnoError(errno, "socketpair");

@@ -21,8 +21,9 @@ namespace strata::launcher {
 // "kill_leftovers", and directory trees (kPutTree, kGetTree). 3 added file
 // rules ("files", "grader" on kExec; "in_place" on kPut) and the whole-tree
 // kill_leftovers; an older agent ignores them, so the launcher refuses
-// rules for it. 4 added kFreeze (microVMs).
-inline constexpr int kAgentProtocolVersion = 4;
+// rules for it. 4 added kFreeze (microVMs). 5 added kIdentity (microVMs:
+// a guest restored from a saved state learns who it is).
+inline constexpr int kAgentProtocolVersion = 5;
 
 enum class Frame : uint8_t {
   // launcher -> agent
@@ -58,6 +59,11 @@ enum class Frame : uint8_t {
                   //  "duration_ms": N}
   kError = 19,    // {"error": "message", "errno": 2}
   kOk = 20,       // {} (put done; ping answer; get: {"size": N, "mode": M} before the data)
+
+  // launcher -> agent (numbered after the above)
+  kIdentity = 21,  // {"hostname", "time_ns", "entropy" (hex), "net"?: {"address", "gateway"}}
+                   // -> kOk {}: a microVM's agent takes the sandbox's name, the
+                   // node's clock, fresh entropy and (once) its network
   // both ways
   kData = 32,     // file bytes
   kDataEnd = 33,

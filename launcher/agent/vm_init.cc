@@ -5,6 +5,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <linux/fs.h>
+#include <linux/random.h>
 #include <arpa/inet.h>
 #include <net/if.h>
 #include <net/route.h>
@@ -19,6 +20,7 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -136,18 +138,18 @@ Result<NetParams> ParseNet(const std::string& value) {
   return n;
 }
 
-// The resolv.conf guests get, in the initramfs (outside the sandbox's
-// root); returns an O_PATH descriptor of it.
-Result<UniqueFd> WriteResolvConf(const NetParams& n) {
-  const char* path = "/resolv.conf";
+// The resolv.conf guests get, in the initramfs (`initramfs`: its root,
+// outside the sandbox's); returns an O_PATH descriptor of it.
+Result<UniqueFd> WriteResolvConf(int initramfs, const NetParams& n) {
+  const char* path = "resolv.conf";
   {
-    UniqueFd f(::open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+    UniqueFd f(::openat(initramfs, path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644));
     if (!f) return ErrnoError(errno, "network: create the guest's resolv.conf");
     STRATA_RETURN_IF_ERROR(WriteFull(f.get(), StrCat("# strata: the node's DNS proxy answers the names this sandbox may reach\n",
                                                      "nameserver ", n.gateway_text, "\noptions timeout:2 attempts:2\n"))
                                .Annotate("network: write the guest's resolv.conf"));
   }
-  UniqueFd fd(::open(path, O_PATH | O_CLOEXEC));
+  UniqueFd fd(::openat(initramfs, path, O_PATH | O_CLOEXEC | O_NOFOLLOW));
   if (!fd) return ErrnoError(errno, "network: open the guest's resolv.conf");
   return fd;
 }
@@ -301,22 +303,71 @@ Result<MicroVmRoot> BootMicroVm() {
     if (!out.command_cgroup) return ErrnoError(errno, "commands' cgroup: open cgroup.procs");
   }
   STRATA_ASSIGN_OR_RETURN(out.port, OpenAgentPort());
-  std::optional<NetParams> net;
-  UniqueFd resolv_conf;
-  if (!params["net"].empty()) {
-    STRATA_ASSIGN_OR_RETURN(net, ParseNet(params["net"]));
-    STRATA_ASSIGN_OR_RETURN(resolv_conf, WriteResolvConf(*net));
-  }
+  // The initramfs, which the switch hides: the guest's resolv.conf is made
+  // there when the launcher gives the guest its network.
+  out.initramfs = UniqueFd(::open("/", O_PATH | O_DIRECTORY | O_CLOEXEC));
+  if (!out.initramfs) return ErrnoError(errno, "root: open the initramfs");
   // The switch: the new root moved over the initramfs (which stays, hidden).
   if (::chdir(kNewRoot) != 0) return ErrnoError(errno, "switch root: chdir");
   if (::mount(".", "/", nullptr, MS_MOVE, nullptr) != 0) return ErrnoError(errno, "switch root: move the root");
   if (::chroot(".") != 0) return ErrnoError(errno, "switch root: chroot");
   if (::chdir("/") != 0) return ErrnoError(errno, "switch root: chdir /");
   ::chmod("/.strata", 0700);
-  if (!params["hostname"].empty()) ::sethostname(params["hostname"].data(), params["hostname"].size());
+  ::sethostname("sandbox", 7);  // until the launcher names it (ApplyIdentity)
   LoopbackUp();
-  if (net) STRATA_RETURN_IF_ERROR(ConfigureNetwork(*net, resolv_conf.get()));
   return out;
+}
+
+Status ApplyIdentity(int initramfs, const nlohmann::json& identity) {
+  static std::mutex mu;
+  static std::string net_set;  // "ADDRESS,GATEWAY" once the network is set
+  std::lock_guard lock(mu);
+  if (!identity.is_object()) return Error(EINVAL, "identity: not an object");
+  if (auto h = identity.find("hostname"); h != identity.end() && h->is_string()) {
+    const std::string name = h->get<std::string>();
+    if (::sethostname(name.data(), name.size()) != 0) return ErrnoError(errno, "identity: set the hostname " + name);
+  }
+  if (auto t = identity.find("time_ns"); t != identity.end() && t->is_number_integer()) {
+    // A restored guest's clock is where the saved one stopped.
+    const int64_t ns = t->get<int64_t>();
+    const timespec ts{static_cast<time_t>(ns / 1000000000), static_cast<long>(ns % 1000000000)};
+    if (::clock_settime(CLOCK_REALTIME, &ts) != 0) return ErrnoError(errno, "identity: set the clock");
+  }
+  if (auto e = identity.find("entropy"); e != identity.end() && e->is_string()) {
+    // Every guest restored from one state starts with the same random
+    // state: the node's entropy is mixed in and the kernel's generator
+    // reseeded from it before anything else runs.
+    const std::string hex = e->get<std::string>();
+    if (hex.size() % 8 != 0 || hex.size() > 1024) return Error(EINVAL, "identity: entropy is not whole 32-bit words of hex");
+    std::vector<uint32_t> words(sizeof(rand_pool_info) / 4 + hex.size() / 8);
+    auto* pool = reinterpret_cast<rand_pool_info*>(words.data());
+    pool->entropy_count = static_cast<int>(hex.size() / 2 * 8);
+    pool->buf_size = static_cast<int>(hex.size() / 2);
+    auto* bytes = reinterpret_cast<unsigned char*>(pool->buf);
+    for (size_t i = 0; i < hex.size(); i += 2) {
+      const std::string byte = hex.substr(i, 2);
+      char* end = nullptr;
+      const unsigned long v = std::strtoul(byte.c_str(), &end, 16);
+      if (end != byte.c_str() + 2) return Error(EINVAL, "identity: entropy is not hex");
+      bytes[i / 2] = static_cast<unsigned char>(v);
+    }
+    UniqueFd random(::open("/dev/urandom", O_RDWR | O_CLOEXEC));
+    if (!random) return ErrnoError(errno, "identity: open /dev/urandom");
+    if (::ioctl(random.get(), RNDADDENTROPY, pool) != 0) return ErrnoError(errno, "identity: add entropy");
+    if (::ioctl(random.get(), RNDRESEEDCRNG) != 0) return ErrnoError(errno, "identity: reseed the random generator");
+  }
+  if (auto n = identity.find("net"); n != identity.end() && n->is_object()) {
+    const std::string value = StrCat(n->value("address", ""), ",", n->value("gateway", ""));
+    if (net_set.empty()) {
+      STRATA_ASSIGN_OR_RETURN(NetParams net, ParseNet(value));
+      STRATA_ASSIGN_OR_RETURN(UniqueFd resolv_conf, WriteResolvConf(initramfs, net));
+      STRATA_RETURN_IF_ERROR(ConfigureNetwork(net, resolv_conf.get()));
+      net_set = value;
+    } else if (net_set != value) {
+      return Error(EALREADY, "identity: the network is set already (" + net_set + ")");
+    }
+  }
+  return OkStatus();
 }
 
 Result<UniqueFd> OpenAgentPort() {

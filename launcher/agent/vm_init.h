@@ -2,6 +2,8 @@
 // root from the disks the launcher attached (docs/vmm.md, "The guest").
 #pragma once
 
+#include <nlohmann/json.hpp>
+
 #include "common/status.h"
 #include "common/unique_fd.h"
 
@@ -28,8 +30,18 @@ struct MicroVmRoot {
   UniqueFd command_cgroup;
   // The upper disk's root directory, which the new root does not show.
   UniqueFd upper;
+  // The initramfs's root (O_PATH), hidden by the switch too.
+  UniqueFd initramfs;
 };
 Result<MicroVmRoot> BootMicroVm();
+
+// What the launcher tells the guest once it answers (Frame::kIdentity):
+// the sandbox's hostname, the node's clock, entropy for the random
+// generator (then reseeded), and its network (once: the address and
+// gateway on eth0, the DNS proxy in /etc/resolv.conf). A guest restored
+// from a saved state is the saved guest until then; a booted one is
+// named "sandbox" and has loopback only.
+Status ApplyIdentity(int initramfs, const nlohmann::json& identity);
 
 // What the agent and the kernel keep of a microVM's RAM beside commands.
 inline constexpr uint64_t kVmAgentReserve = uint64_t{40} << 20;

@@ -169,6 +169,7 @@ NodeConfig NodeConfig::FromEnvironment() {
   if (auto v = env("STRATA_VM_KERNEL"); !v.empty()) n.vm_kernel = v;
   if (auto v = env("STRATA_VM_ACCEL"); !v.empty()) n.vm_accel = v;
   if (auto v = env("STRATA_JAIL"); !v.empty()) n.jail_binary = v;
+  if (auto v = env("STRATA_VM_TEMPLATES"); !v.empty()) n.vm_templates = static_cast<size_t>(std::max(0, std::atoi(v.c_str())));
   if (auto v = env("STRATA_VM_BOOT_TIMEOUT"); !v.empty() && std::atoi(v.c_str()) > 0) {
     n.vm_boot_timeout = std::chrono::seconds(std::atoi(v.c_str()));
   }

@@ -48,6 +48,10 @@ struct NodeConfig {
   // How long a create waits for a booting guest's agent before it fails
   // (STRATA_VM_BOOT_TIMEOUT, seconds): TCG on a busy node takes seconds.
   std::chrono::seconds vm_boot_timeout{90};
+  // Templates kept (launcher/vm/vm_templates.h): a microVM of a stack and
+  // shape seen before resumes from a saved state instead of booting. 0: off
+  // (STRATA_VM_TEMPLATES, `serve --vm-templates`).
+  size_t vm_templates = 8;
 
   // Fills the defaults that depend on the environment (STRATA_* variables,
   // the agent's location).

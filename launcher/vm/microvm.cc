@@ -17,11 +17,11 @@
 #include <functional>
 
 #include "common/fs.h"
+#include "common/hash.h"
 #include "common/log.h"
 #include "common/strings.h"
 #include "common/subprocess.h"
 #include "common/unix_socket.h"
-#include "launcher/net/policy.h"
 #include "launcher/sandbox/spec.h"
 #include "vmm/qemu.h"
 
@@ -125,36 +125,69 @@ Result<std::vector<std::string>> MakeVmCgroups(const std::string& relative, uint
   return procs;
 }
 
+namespace {
+
+// The guest as QEMU gets it, but for the jail. Nothing of the sandbox's
+// identity is in it but the QEMU's name (-name) and paths: a saved state
+// of one is a state of any other of the same key (MicroVm::TemplateKey).
+vmm::GuestSpec GuestSpecOf(const MicroVmSpec& spec) {
+  vmm::GuestSpec g;
+  g.name = spec.id;
+  g.kernel = spec.kernel;
+  g.initramfs = spec.initramfs;
+  g.cmdline = StrCat("console=ttyS0 reboot=t panic=-1 quiet 8250.nr_uarts=1 strata.layers=", spec.layers.size());
+  for (size_t i = 0; i < spec.layers.size(); ++i) {
+    g.disks.push_back({spec.layers[i].meta, true, StrCat("l", i, "m")});
+    g.disks.push_back({spec.layers[i].blob, true, StrCat("l", i, "b")});
+  }
+  g.disks.push_back({spec.upper_disk, false, "upper"});
+  // One MAC for every guest: each is alone on its link (its tap in its
+  // own namespace), and a restored guest keeps the saved one's anyway. The
+  // guest takes its address when the launcher tells it (Identify).
+  if (spec.tap_fd >= 0) g.nic = vmm::GuestNic{spec.tap_fd, "52:54:00:00:00:02"};
+  g.cpus = std::max(spec.cpus, 1);
+  g.memory = spec.memory ? spec.memory : kDefaultVmMemory;
+  g.state_dir = spec.dir + "/vm";
+  g.console_log = spec.console_log;
+  g.accel = spec.accel;
+  g.restore_state = spec.restore_state;
+  return g;
+}
+
+// What names a file's version: path, size, change time.
+std::string FileVersion(const std::string& path) {
+  struct ::stat st{};
+  if (::stat(path.c_str(), &st) != 0) return path + ":missing";
+  return StrCat(path, ":", st.st_size, ":", st.st_ino, ":", st.st_mtim.tv_sec, ".", st.st_mtim.tv_nsec);
+}
+
+}  // namespace
+
+std::string MicroVm::TemplateKey(const MicroVmSpec& spec, uint64_t disk_bytes) {
+  const vmm::GuestSpec g = GuestSpecOf(spec);
+  const vmm::QemuOptions qemu;
+  // The disks by what they hold: a layer's files are named by its digest;
+  // the upper by its size (a copy of the saved one is attached).
+  std::string text = StrCat("strata microVM template 1\n", FileVersion(qemu.binary), "\n", FileVersion(g.kernel), "\n",
+                            FileVersion(g.initramfs), "\n", g.accel, " tb=", qemu.tcg_cache_mib, " cpus=", g.cpus,
+                            " memory=", g.memory, " nic=", g.nic ? 1 : 0, " upper=", disk_bytes, "\n", g.cmdline, "\n");
+  for (const auto& d : g.disks) {
+    if (d.read_only) text += StrCat(d.serial, "=", FileVersion(d.path), "\n");
+  }
+  return HashBytes(text).Hex();
+}
+
+Status MicroVm::Save(const std::string& path) {
+  return guest_->Save(path, std::chrono::seconds(60));
+}
+
 Result<std::unique_ptr<MicroVm>> MicroVm::Start(const MicroVmSpec& spec) {
   if (::access(spec.kernel.c_str(), R_OK) != 0) {
     return ErrnoError(errno, StrCat("microVM: guest kernel ", spec.kernel,
                                     " (build it with scripts/guest-kernel, or name one with --kernel / STRATA_VM_KERNEL)"));
   }
   const uint64_t memory = spec.memory ? spec.memory : kDefaultVmMemory;
-  vmm::GuestSpec g;
-  g.name = spec.id;
-  g.kernel = spec.kernel;
-  g.initramfs = spec.initramfs;
-  g.cmdline = StrCat("console=ttyS0 reboot=t panic=-1 quiet 8250.nr_uarts=1 strata.layers=",
-                     spec.layers.size(), " strata.hostname=", spec.id);
-  for (size_t i = 0; i < spec.layers.size(); ++i) {
-    g.disks.push_back({spec.layers[i].meta, true, StrCat("l", i, "m")});
-    g.disks.push_back({spec.layers[i].blob, true, StrCat("l", i, "b")});
-  }
-  g.disks.push_back({spec.upper_disk, false, "upper"});
-  if (spec.tap_fd >= 0) {
-    // The guest sets the address itself (vm_init.cc); its MAC is made of it.
-    g.cmdline += StrCat(" strata.net=", Ipv4ToString(spec.address), ",", Ipv4ToString(spec.gateway));
-    char mac[32];
-    std::snprintf(mac, sizeof mac, "52:54:00:%02x:%02x:%02x", (spec.address >> 16) & 0xff, (spec.address >> 8) & 0xff,
-                  spec.address & 0xff);
-    g.nic = vmm::GuestNic{spec.tap_fd, mac};
-  }
-  g.cpus = std::max(spec.cpus, 1);
-  g.memory = memory;
-  g.state_dir = spec.dir + "/vm";
-  g.console_log = spec.console_log;
-  g.accel = spec.accel;
+  vmm::GuestSpec g = GuestSpecOf(spec);
   vmm::QemuOptions qemu;
   STRATA_ASSIGN_OR_RETURN(g.jail.cgroups, MakeVmCgroups(spec.cgroup, memory + vmm::QemuOverhead(spec.accel, qemu), spec.cpu_quota));
   g.jail.uid = VmUid(spec.id);

@@ -36,10 +36,12 @@ struct MicroVmSpec {
   uint64_t memory = 0;      // guest RAM
   std::string cgroup;       // relative: "<parent>/<id>"
   // A network (launcher/net/netns.h, OpenGuestTap): the tap the caller
-  // holds open until Start returns, and the address and gateway the guest
-  // sets on its eth0. tap_fd < 0: loopback only.
+  // holds open until Start returns; tap_fd < 0: loopback only. (The guest
+  // takes its address from AgentClient::Identify.)
   int tap_fd = -1;
-  uint32_t address = 0, gateway = 0;
+  // A template's state (VmTemplates) to resume instead of booting; the
+  // upper disk must then be a copy of the template's.
+  std::string restore_state;
 };
 
 // Disks are two per layer and one upper in microvm's 24 virtio-mmio slots
@@ -52,6 +54,10 @@ class MicroVm {
   // Makes its cgroups, starts the guest and the relay; returns at once
   // (the caller waits for the agent). Nothing is left on error.
   static Result<std::unique_ptr<MicroVm>> Start(const MicroVmSpec& spec);
+  // Names what a guest of `spec` depends on (kernel, initramfs, QEMU,
+  // accelerator, shape, layers, an upper disk of `disk_bytes`): a state
+  // saved from one resumes as any other of the same key.
+  static std::string TemplateKey(const MicroVmSpec& spec, uint64_t disk_bytes);
   // The guest of a sandbox started by an earlier launcher; ENOENT if gone.
   static Result<std::unique_ptr<MicroVm>> Adopt(const std::string& dir, const std::string& agent_socket);
   ~MicroVm();
@@ -59,6 +65,8 @@ class MicroVm {
   bool Running() { return guest_->Running(); }
   Status Pause() { return guest_->Pause(); }
   Status Resume() { return guest_->Resume(); }
+  // Saves the whole guest to `path` (vmm::Guest::Save): it stays paused.
+  Status Save(const std::string& path);
   // Stops the guest and the relay (the cgroups are the caller's to remove).
   Status Stop();
   // Leaves the guest running (a restarted daemon adopts it); the relay stops.

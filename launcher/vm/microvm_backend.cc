@@ -4,10 +4,13 @@
 #include <cmath>
 #include <thread>
 
+#include "common/crypto.h"
 #include "common/log.h"
 #include "common/strings.h"
 #include "launcher/container/oci_config.h"
 #include "launcher/net/netns.h"
+#include "launcher/net/policy.h"
+#include "launcher/vm/vm_templates.h"
 #include "vmm/guest_files.h"
 
 namespace strata::launcher {
@@ -36,8 +39,9 @@ Status MicroVmBackend::Start(const BackendStart& start) {
     }
     vm.layers.push_back({layer["meta"].get<std::string>(), layer["blob"].get<std::string>()});
   }
-  // The upper disk: a ready-made ext4 image of --disk bytes, reflinked into
-  // a volume of its own (whose quota allows the image and some metadata).
+  // The upper disk: a ready-made ext4 image of --disk bytes (or the copy
+  // a template keeps), reflinked into a volume of its own (whose quota
+  // allows the image and some metadata).
   STRATA_ASSIGN_OR_RETURN(UpperStore uppers, UpperStore::Open(node_.uppers));
   STRATA_ASSIGN_OR_RETURN(std::string image, vmm::EnsureExt4Template(node_.uppers + "/.vm-templates", spec.disk));
   STRATA_ASSIGN_OR_RETURN(UpperVolume volume, uppers.Create(id_, spec.disk + (uint64_t{64} << 20), 0, 0));
@@ -46,8 +50,6 @@ Status MicroVmBackend::Start(const BackendStart& start) {
   // The console too: the guest writes it at will, and the volume's quota
   // bounds it.
   vm.console_log = upper_->path() + "/console.log";
-  STRATA_RETURN_IF_ERROR(vmm::CloneFile(image, vm.upper_disk).Annotate("microVM upper disk"));
-  timer.Step("upper disk");
   // The initramfs carries the commands' seccomp program (a container's
   // agent finds it in its socket directory).
   STRATA_ASSIGN_OR_RETURN(std::string command_bpf, CommandSeccompProgram(node_));
@@ -63,18 +65,41 @@ Status MicroVmBackend::Start(const BackendStart& start) {
   // A network: the sandbox's namespace as a container's, with its veth
   // bridged to the guest's tap; the guest takes the address.
   UniqueFd tap;
+  std::optional<SandboxNet> net;
   if (spec.network.routed()) {
-    STRATA_ASSIGN_OR_RETURN(SandboxNet net, start.attach_network());
-    STRATA_ASSIGN_OR_RETURN(tap, OpenGuestTap(net.netns, net.address));
+    STRATA_ASSIGN_OR_RETURN(net, start.attach_network());
+    STRATA_ASSIGN_OR_RETURN(tap, OpenGuestTap(net->netns, net->address));
     vm.tap_fd = tap.get();
-    vm.address = net.address;
-    vm.gateway = node_.network->config().gateway();
     timer.Step("network");
   }
-  STRATA_RETURN_IF_ERROR(MergeSandboxState(dir_, {{"vm", {{"accel", vm.accel}, {"kernel", vm.kernel}}}}));
-  STRATA_ASSIGN_OR_RETURN(vm_, MicroVm::Start(vm));
+  // A template of this stack and shape: the guest resumes from it.
+  const VmTemplates templates(node_.uppers + "/.vm-templates/saved", node_.vm_templates);
+  const std::string key = MicroVm::TemplateKey(vm, spec.disk);
+  std::optional<VmTemplate> from = templates.Find(key);
+  if (from && !vmm::CloneFile(from->disk, vm.upper_disk).ok()) from.reset();  // (removed meanwhile: boot)
+  if (from) vm.restore_state = from->state;
+  else STRATA_RETURN_IF_ERROR(vmm::CloneFile(image, vm.upper_disk).Annotate("microVM upper disk"));
+  timer.Step("upper disk");
+  STRATA_RETURN_IF_ERROR(
+      MergeSandboxState(dir_, {{"vm", {{"accel", vm.accel}, {"kernel", vm.kernel}, {"template", from ? key : ""}}}}));
+  auto started = MicroVm::Start(vm);
+  if (!started.ok() && from) {
+    // A template that does not resume (QEMU refused its state) is dropped,
+    // and this guest boots.
+    STRATA_LOG(kWarn) << "sandbox " << id_ << ": microVM template " << key << " did not resume, booting instead: "
+                      << started.status().ToString();
+    templates.Drop(key);
+    from.reset();
+    vm.restore_state.clear();
+    ::unlink(vm.upper_disk.c_str());
+    STRATA_RETURN_IF_ERROR(vmm::CloneFile(image, vm.upper_disk).Annotate("microVM upper disk"));
+    STRATA_RETURN_IF_ERROR(MergeSandboxState(dir_, {{"vm", {{"accel", vm.accel}, {"kernel", vm.kernel}, {"template", ""}}}}));
+    started = MicroVm::Start(vm);
+  }
+  if (!started.ok()) return started.status();
+  vm_ = std::move(*started);
   tap.reset();  // (QEMU holds it: the tap goes with QEMU)
-  timer.Step("start the guest");
+  timer.Step(from ? "resume the guest from its template" : "start the guest");
   // Booting under TCG on a busy node takes seconds; a guest that died
   // fails at once, with its console's last words.
   const auto until = std::chrono::steady_clock::now() + node_.vm_boot_timeout;
@@ -91,6 +116,32 @@ Status MicroVmBackend::Start(const BackendStart& start) {
                                    " s (boot)", why.empty() ? "" : "; its console: " + why));
   }
   timer.Step("boot the guest");
+  // A guest that booted, before it learns whose it is, becomes its key's
+  // template if it has none.
+  if (!from) {
+    if (auto claim = templates.Begin(key)) {
+      Status saved = vm_->Save(claim->state_path());
+      if (saved.ok()) saved = vmm::CloneFile(vm.upper_disk, claim->disk_path());
+      STRATA_RETURN_IF_ERROR(vm_->Resume().Annotate("resume the microVM after saving its template"));
+      if (saved.ok()) saved = claim->Publish();
+      if (!saved.ok()) STRATA_LOG(kWarn) << "sandbox " << id_ << ": make the microVM template " << key << ": " << saved.ToString();
+      timer.Step("save the template");
+    }
+  }
+  // Who it is: its name, the node's clock (a restored guest's stopped when
+  // it was saved), fresh entropy (a restored guest's random state is the
+  // template's), and its network.
+  STRATA_ASSIGN_OR_RETURN(std::string entropy, RandomBytes(64));
+  json identity = {{"hostname", id_},
+                   {"time_ns", std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                   std::chrono::system_clock::now().time_since_epoch())
+                                   .count()},
+                   {"entropy", HexEncode(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(entropy.data()), entropy.size()))}};
+  if (net) {
+    identity["net"] = {{"address", Ipv4ToString(net->address)}, {"gateway", Ipv4ToString(node_.network->config().gateway())}};
+  }
+  STRATA_RETURN_IF_ERROR(start.agent.Identify(identity).Annotate("microVM: give the guest its identity"));
+  timer.Step("identity");
   return OkStatus();
 }
 

@@ -148,6 +148,54 @@ TEST_F(MicroVmTest, QemuRunsJailedAndGuestsSeeNothingOfTheNodeOrEachOther) {
   EXPECT_EQ(fresh.out, "fine\n") << fresh.err;
 }
 
+TEST_F(MicroVmTest, LaterMicroVmsOfAStackResumeFromItsTemplateEachAsItsOwnMachine) {
+  StartDaemon();
+  auto template_of = [&](const std::string& id) {
+    auto text = ReadFileToString(StrCat(dir_.Sub("run"), "/", id, "/state.json"));
+    return text.ok() ? json::parse(*text, nullptr, false)["vm"].value("template", "?") : std::string("?");
+  };
+  // The first boots and leaves its stack's template; the next resume from it.
+  const std::string a = CreateVm();
+  ASSERT_FALSE(a.empty());
+  EXPECT_EQ(template_of(a), "");
+  const std::string b = CreateVm(), c = CreateVm();
+  ASSERT_FALSE(b.empty());
+  ASSERT_FALSE(c.empty());
+  EXPECT_EQ(template_of(b).size(), 32u) << template_of(b);
+  EXPECT_EQ(template_of(c), template_of(b));
+  // Each is itself: its name, the node's time, its own random numbers, its
+  // own disk.
+  std::set<std::string> randoms;
+  for (const auto& id : {a, b, c}) {
+    ASSERT_OK_AND_ASSIGN(auto r, Cli({"exec", id, "--", "sh", "-c",
+                                      "hostname; date +%s; head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \\n'; echo; "
+                                      "echo " + id + " > /mine; ls /mine*"}));
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const auto lines = Split(r.out, '\n');
+    ASSERT_GE(lines.size(), 4u) << r.out;
+    EXPECT_EQ(lines[0], id);
+    EXPECT_LT(std::abs(std::atoll(lines[1].c_str()) - static_cast<long long>(::time(nullptr))), 30) << r.out;
+    randoms.insert(lines[2]);
+    EXPECT_EQ(lines[3], "/mine");
+  }
+  EXPECT_EQ(randoms.size(), 3u);
+  for (const auto& id : {a, b, c}) {
+    ASSERT_OK_AND_ASSIGN(auto r, Cli({"exec", id, "--", "cat", "/mine"}));
+    EXPECT_EQ(r.out, id + "\n");
+  }
+  // A template whose state QEMU refuses is dropped, and the create boots.
+  const std::string saved = StrCat(uppers_, "/.vm-templates/saved/", template_of(b), "/state");
+  ASSERT_OK(WriteFileAtomic(saved, "not a migration stream", false));
+  const std::string d = CreateVm();
+  ASSERT_FALSE(d.empty());
+  EXPECT_EQ(template_of(d), "");
+  ASSERT_OK_AND_ASSIGN(auto r, Cli({"exec", d, "--", "hostname"}));
+  EXPECT_EQ(r.out, d + "\n");
+  for (const auto& id : {a, b, c, d}) ASSERT_OK(client_->Destroy(id));
+  StopDaemon(SIGTERM);
+  ExpectHostClean();
+}
+
 TEST_F(MicroVmTest, ExecStreamsExitCodesTimeoutsAndCaps) {
   StartDaemon();
   std::string id = CreateVm({"--memory", "192M"});

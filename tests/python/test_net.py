@@ -386,6 +386,18 @@ def test_microvm(client, net_node, host_server):
         code, out = fetch(sb, "b.test")
         assert code == 0 and "hello from 198.18.1.2" in out, out
         refused(sb, NAMES["a.test"])
+        # A second microVM of the stack resumes from the first one's saved
+        # state (docs/vmm.md, "Templates") and still takes its own address.
+        with client.create(layers=["busybox:1"], backend="microvm", network="allow", allow=["a.test"],
+                           memory=128 << 20) as second:
+            with open(os.path.join(net_node.root, "run", second.id, "state.json")) as f:
+                assert len(json.load(f)["vm"]["template"]) == 32
+            assert second.network()["address"] != address
+            assert second.network()["address"] in second.exec("ip -4 addr show eth0").stdout.decode()
+            assert second.exec("hostname").stdout.decode().strip() == second.id
+            code, out = fetch(second, "a.test")
+            assert code == 0 and "hello from 198.18.1.1" in out, out
+            refused(second, PRIVATE_HOST)
     finally:
         sb.destroy()
     assert node_leftovers(net_node) == []
