@@ -93,7 +93,8 @@ class Hypervisor {
   virtual ~Hypervisor() = default;
   // Starts a guest; returns once the hypervisor answers its control
   // channel (the guest may still be booting), or, restoring a saved state,
-  // once the guest runs again. Nothing is left behind on error.
+  // once the guest runs again (EBADMSG: the state did not load). Nothing
+  // is left behind on error.
   virtual Result<std::unique_ptr<Guest>> Start(const GuestSpec& spec) = 0;
   // A guest started earlier with this `state_dir`; ENOENT when it is gone.
   virtual Result<std::unique_ptr<Guest>> Adopt(const std::string& state_dir) = 0;

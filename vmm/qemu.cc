@@ -341,9 +341,15 @@ Result<std::unique_ptr<Guest>> QemuHypervisor::Start(const GuestSpec& spec) {
     Status restored = WaitForMigration(*client, std::chrono::steady_clock::now() + options_.start_deadline);
     if (restored.ok()) restored = client->Execute("cont").status();
     if (!restored.ok()) {
-      std::string log = Tail(spec.state_dir + "/" + kQemuLog, 600);
+      // (QMP takes one client: ours quits QEMU, then Stop waits for it.)
+      {
+        QmpClient last = std::move(*client);
+        last.Execute("quit", nullptr, std::chrono::seconds(2)).status().IgnoreError();
+      }
       guest->Stop(std::chrono::seconds(1)).IgnoreError();
-      return restored.Annotate(StrCat("microVM ", spec.name, ": restore the saved state", log.empty() ? "" : " (QEMU: " + log + ")"));
+      std::string log = Tail(spec.state_dir + "/" + kQemuLog, 600);
+      return Error(EBADMSG, StrCat("microVM ", spec.name, ": restore the saved state: ", restored.message(),
+                                   log.empty() ? "" : " (QEMU: " + log + ")"));
     }
   }
   return std::unique_ptr<Guest>(std::move(guest));

@@ -116,7 +116,7 @@ void LoopbackUp() {
   ::close(s);
 }
 
-// The network the launcher bridged to the guest's card (strata.net=ADDR,GW):
+// The network the launcher bridged to the guest's card (identity "net"):
 // ADDR/32 on eth0, a route to the gateway on the link and the default
 // route through it, as a container's namespace has them
 // (launcher/net/netns.cc); names go to the node's DNS proxy on the gateway,
@@ -132,7 +132,7 @@ Result<NetParams> ParseNet(const std::string& value) {
   NetParams n;
   if (parts.size() != 2 || ::inet_pton(AF_INET, parts[0].c_str(), &n.address) != 1 ||
       ::inet_pton(AF_INET, parts[1].c_str(), &n.gateway) != 1) {
-    return Error(EINVAL, "network: strata.net=" + value + " is not ADDRESS,GATEWAY");
+    return Error(EINVAL, "network: " + value + " is not ADDRESS,GATEWAY");
   }
   n.gateway_text = parts[1];
   return n;

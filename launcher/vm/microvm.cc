@@ -11,9 +11,11 @@
 #include <sys/mount.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/utsname.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <fstream>
 #include <functional>
 
 #include "common/fs.h"
@@ -164,15 +166,28 @@ std::string FileVersion(const std::string& path) {
 }  // namespace
 
 std::string MicroVm::TemplateKey(const MicroVmSpec& spec, uint64_t disk_bytes) {
-  const vmm::GuestSpec g = GuestSpecOf(spec);
+  vmm::GuestSpec g = GuestSpecOf(spec);
   const vmm::QemuOptions qemu;
-  // The disks by what they hold: a layer's files are named by its digest;
-  // the upper by its size (a copy of the saved one is attached).
-  std::string text = StrCat("strata microVM template 1\n", FileVersion(qemu.binary), "\n", FileVersion(g.kernel), "\n",
-                            FileVersion(g.initramfs), "\n", g.accel, " tb=", qemu.tcg_cache_mib, " cpus=", g.cpus,
-                            " memory=", g.memory, " nic=", g.nic ? 1 : 0, " upper=", disk_bytes, "\n", g.cmdline, "\n");
+  // QEMU's whole command line but for what names this one guest (the
+  // accelerator, machine, shape, devices, kernel command line with the
+  // TSC rate TCG guests are told), the files behind it (a layer's are
+  // named by its digest; the upper is attached as a copy of the saved
+  // one, so only its size counts), and the host the state was saved on
+  // (its kernel and CPU: a KVM guest runs with the host's CPU features).
+  g.name = "template";
+  g.state_dir = g.console_log = "";
+  g.restore_state.clear();
+  std::string text = StrCat("strata microVM template 2\n", Join(vmm::QemuHypervisor(qemu).CommandLine(g), " "), "\n",
+                            FileVersion(qemu.binary), "\n", FileVersion(g.kernel), "\n", FileVersion(g.initramfs),
+                            "\nupper=", disk_bytes, "\n");
   for (const auto& d : g.disks) {
     if (d.read_only) text += StrCat(d.serial, "=", FileVersion(d.path), "\n");
+  }
+  if (utsname u{}; ::uname(&u) == 0) text += StrCat(u.release, " ", u.version, " ", u.machine, "\n");
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  for (std::string line; std::getline(cpuinfo, line);) {
+    if (line.starts_with("model name") || line.starts_with("flags") || line.starts_with("microcode")) text += line + "\n";
+    if (line.empty()) break;  // (the first CPU's)
   }
   return HashBytes(text).Hex();
 }

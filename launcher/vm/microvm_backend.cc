@@ -76,19 +76,30 @@ Status MicroVmBackend::Start(const BackendStart& start) {
   const VmTemplates templates(node_.uppers + "/.vm-templates/saved", node_.vm_templates);
   const std::string key = MicroVm::TemplateKey(vm, spec.disk);
   std::optional<VmTemplate> from = templates.Find(key);
-  if (from && !vmm::CloneFile(from->disk, vm.upper_disk).ok()) from.reset();  // (removed meanwhile: boot)
-  if (from) vm.restore_state = from->state;
-  else STRATA_RETURN_IF_ERROR(vmm::CloneFile(image, vm.upper_disk).Annotate("microVM upper disk"));
+  if (from) {
+    // Both files copied from the one template found (its directory is held
+    // open): a state never meets another template's disk.
+    const std::string state = upper_->path() + "/vm-state";
+    if (vmm::CloneFile(from->disk, vm.upper_disk).ok() && vmm::CloneFile(from->state, state).ok()) {
+      vm.restore_state = state;
+    } else {  // (removed meanwhile: boot)
+      ::unlink(vm.upper_disk.c_str());
+      ::unlink(state.c_str());
+      from.reset();
+    }
+  }
+  if (!from) STRATA_RETURN_IF_ERROR(vmm::CloneFile(image, vm.upper_disk).Annotate("microVM upper disk"));
   timer.Step("upper disk");
   STRATA_RETURN_IF_ERROR(
       MergeSandboxState(dir_, {{"vm", {{"accel", vm.accel}, {"kernel", vm.kernel}, {"template", from ? key : ""}}}}));
   auto started = MicroVm::Start(vm);
+  if (!vm.restore_state.empty()) ::unlink(vm.restore_state.c_str());  // (QEMU read it, or is gone)
   if (!started.ok() && from) {
-    // A template that does not resume (QEMU refused its state) is dropped,
-    // and this guest boots.
+    // A guest that did not resume boots. A state QEMU refused (EBADMSG)
+    // is dropped, if it is still the key's.
     STRATA_LOG(kWarn) << "sandbox " << id_ << ": microVM template " << key << " did not resume, booting instead: "
                       << started.status().ToString();
-    templates.Drop(key);
+    if (started.status().code() == EBADMSG) templates.Drop(*from);
     from.reset();
     vm.restore_state.clear();
     ::unlink(vm.upper_disk.c_str());

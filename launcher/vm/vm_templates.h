@@ -8,8 +8,9 @@
 // data or name is in it) and `disk.img` (the upper disk as the guest had
 // it then). The key names everything the saved machine depends on
 // (MicroVm::TemplateKey). One process makes a key's template at a time
-// (an flock), in `<key>.tmp`, published by a rename; the least recently
-// used beyond `keep` are removed.
+// (an flock on `.<key>.lock`, never removed), in a directory
+// `.<key>.tmp-*` of its own, published by a rename; the least recently used
+// beyond `keep` are removed.
 #pragma once
 
 #include <optional>
@@ -20,8 +21,12 @@
 
 namespace strata::launcher {
 
+// A template as found: its directory held open, so its two files are one
+// template's even if it is replaced or removed meanwhile (paths through
+// /proc/self/fd).
 struct VmTemplate {
   std::string key, state, disk;
+  UniqueFd dir;
 };
 
 class VmTemplates {
@@ -36,8 +41,8 @@ class VmTemplates {
   // Dropping it unpublished removes what was written.
   class Claim {
    public:
-    Claim(Claim&&) = default;
-    Claim& operator=(Claim&&) = default;
+    Claim(Claim&& other) noexcept { *this = std::move(other); }
+    Claim& operator=(Claim&& other) noexcept;
     ~Claim();
     const std::string& state_path() const { return state_; }
     const std::string& disk_path() const { return disk_; }
@@ -57,11 +62,13 @@ class VmTemplates {
   // or templates are off.
   std::optional<Claim> Begin(const std::string& key) const;
 
-  // Removes `key`'s template (one that failed to restore).
-  void Drop(const std::string& key) const;
+  // Removes the template `t` found, if it is still the key's (one that
+  // failed to restore).
+  void Drop(const VmTemplate& t) const;
 
  private:
   void Evict() const;
+  void Remove(const std::string& key) const;
   std::string dir_;
   size_t keep_;
 };
