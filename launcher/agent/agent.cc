@@ -13,6 +13,7 @@
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/eventfd.h>
 #include <sys/ioctl.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
@@ -633,7 +634,7 @@ Result<Agent::Started> Agent::Start(const json& req, bool want_stdin) {
     // waits for the lock, so it sees the child registered.
     if (!reaping_) {
       try {
-        std::thread([this] { ReapLoop(); }).detach();
+        Spawn([this] { ReapLoop(); });
       } catch (const std::system_error& e) {
         return Error(e.code().value(), StrCat("exec: start the reaper thread: ", e.what()));
       }
@@ -932,12 +933,12 @@ Status Agent::StartDetached(int conn, const json& req) {
   auto command = std::make_shared<Started>(std::move(*started));
   if (input) {
     int in = command->in_w.release();
-    std::thread([in, data = std::move(*input)] {
+    Spawn([in, data = std::move(*input)] {
       WriteFull(in, data).IgnoreError();
       ::close(in);
-    }).detach();
+    });
   }
-  std::thread([this, d, command] {
+  Spawn([this, d, command] {
     json result = Pump(*command, -1, [&](int stream, std::string_view bytes) {
       std::lock_guard lock(d->mu);
       (stream == 1 ? d->out : d->err).append(bytes);
@@ -948,7 +949,7 @@ Status Agent::StartDetached(int conn, const json& req) {
     d->done = true;
     d->exit = result;
     d->cv.notify_all();
-  }).detach();
+  });
   return WriteFrame(conn, Frame::kOk, json{{"exec_id", d->id}}.dump());
 }
 
@@ -1372,15 +1373,67 @@ void Agent::HandleRequest(int fd) {
   (void)s;  // a failed send means the launcher went away; nothing to tell it
 }
 
+Agent::~Agent() {
+  std::lock_guard lock(threads_mu_);
+  for (auto& t : threads_) t.detach();
+}
+
+void Agent::Spawn(std::function<void()> fn) {
+  JoinEnded();
+  std::lock_guard lock(threads_mu_);
+  if (!ended_fd_) ended_fd_.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  auto it = threads_.emplace(threads_.end());
+  try {
+    *it = std::thread([this, it, fn = std::move(fn)] {
+      fn();
+      std::lock_guard ended_lock(threads_mu_);  // (held by Spawn until *it is set)
+      ended_.push_back(it);
+      if (ended_fd_) ::eventfd_write(ended_fd_.get(), 1);
+    });
+  } catch (...) {
+    threads_.erase(it);
+    throw;
+  }
+}
+
+void Agent::JoinEnded() {
+  std::list<std::thread> ended;
+  {
+    std::lock_guard lock(threads_mu_);
+    for (auto it : ended_) ended.splice(ended.end(), threads_, it);
+    ended_.clear();
+  }
+  for (auto& t : ended) t.join();  // (each has only its exit left)
+}
+
 void Agent::ServeConnection(UniqueFd conn) {
-  std::thread([this, fd = conn.release()] { HandleConnection(UniqueFd(fd)); }).detach();
+  Spawn([this, fd = conn.release()] { HandleConnection(UniqueFd(fd)); });
 }
 
 Status Agent::Serve(int listen_fd) {
+  if (int flags = ::fcntl(listen_fd, F_GETFL); flags < 0 || ::fcntl(listen_fd, F_SETFL, flags | O_NONBLOCK) != 0) {
+    return ErrnoError(errno, "agent: make the listening socket non-blocking");
+  }
+  {
+    std::lock_guard lock(threads_mu_);
+    if (!ended_fd_) ended_fd_.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+    if (!ended_fd_) return ErrnoError(errno, "agent: eventfd");
+  }
   while (true) {
+    pollfd fds[2] = {{listen_fd, POLLIN, 0}, {ended_fd_.get(), POLLIN, 0}};
+    if (::poll(fds, 2, -1) < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoError(errno, "agent: poll");
+    }
+    if (fds[1].revents & POLLIN) {
+      eventfd_t n;
+      ::eventfd_read(ended_fd_.get(), &n);
+      JoinEnded();
+    }
+    if (!(fds[0].revents & (POLLIN | POLLERR | POLLHUP))) continue;
     int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
     if (fd < 0) {
-      if (errno == EINTR || errno == ECONNABORTED) continue;
+      if (errno == EINTR || errno == ECONNABORTED || errno == EAGAIN) continue;
       return ErrnoError(errno, "agent: accept");
     }
     // Requests come from the node, outside the sandbox's PID namespace
@@ -1394,7 +1447,7 @@ Status Agent::Serve(int listen_fd) {
       ::close(fd);
       continue;
     }
-    std::thread([this, fd] { HandleConnection(UniqueFd(fd)); }).detach();
+    ServeConnection(UniqueFd(fd));
   }
 }
 

@@ -10,10 +10,12 @@
 #include <chrono>
 #include <condition_variable>
 #include <functional>
+#include <list>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -29,6 +31,7 @@ class Agent {
   // the grader's joins before it runs (the sandbox's cgroup keeps a
   // reserve for the agent and the grader); empty: commands stay in ours.
   explicit Agent(std::vector<int> command_cgroups = {}) : command_cgroups_(std::move(command_cgroups)) {}
+  ~Agent();  // (threads still running are left to the process's exit)
   // Serves connections on `listen_fd` until a shutdown request (then it
   // kills every process it can see and returns).
   Status Serve(int listen_fd);
@@ -110,6 +113,18 @@ class Agent {
   std::mutex detached_mu_;
   std::map<std::string, std::shared_ptr<Detached>> detached_;
   uint64_t detached_seq_ = 0;
+
+  // The agent's threads (connections, output pumps, the reaper) are joined
+  // once they end, by the serving loop or the next Spawn: with glibc's
+  // stack cache off (the launcher sets GLIBC_TUNABLES for the agent) an
+  // idle agent then keeps no ended thread's stack, nor the page tables
+  // that map it. Throws std::system_error when no thread can be made.
+  void Spawn(std::function<void()> fn);
+  void JoinEnded();
+  std::mutex threads_mu_;
+  std::list<std::thread> threads_;
+  std::vector<std::list<std::thread>::iterator> ended_;
+  UniqueFd ended_fd_;  // an eventfd the serving loop polls: a thread ended
 };
 
 }  // namespace strata::launcher

@@ -101,8 +101,6 @@ int main(int argc, char**) {
   // no handler for).
   ::signal(SIGPIPE, SIG_IGN);
   ::prctl(PR_SET_CHILD_SUBREAPER, 1);  // also when not PID 1 (tests)
-  // /dev/shm is a directory of the sandbox's /dev (a tmpfs), not a mount.
-  if (::getpid() == 1 && ::mkdir("/dev/shm", 01777) == 0) ::chmod("/dev/shm", 01777);
   strata::launcher::Agent agent(std::move(command_cgroups));
   strata::Status s = agent.Serve(kListenFd);
   std::fprintf(stderr, "strata-agent: %s\n", s.ToString().c_str());

@@ -148,7 +148,11 @@ Status ContainerBackend::Start(const BackendStart& start) {
     config.netns_path = net->netns;
     config.resolv_conf = dir_ + "/resolv.conf";
   }
-  config.env = {"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root"};
+  // The agent's own environment (commands get the caller's): glibc keeps
+  // no stacks of ended threads, whose top pages (the thread's descriptor,
+  // its TLS) and page tables an idle agent would hold otherwise.
+  config.env = {"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root",
+                "GLIBC_TUNABLES=glibc.pthread.stack_cache_size=0"};
   config.fncall = fncall_;
   const std::string seccomp_cache = JoinPath(Dirname(node_.run_dir), "seccomp");
   if (Basename(node_.runtime) == "crun") {
@@ -165,6 +169,7 @@ Status ContainerBackend::Start(const BackendStart& start) {
     if (::chmod(path.c_str(), 0644) != 0) return ErrnoError(errno, "chmod " + path);
   }
   STRATA_RETURN_IF_ERROR(EnsureSharedMounts());
+  STRATA_ASSIGN_OR_RETURN(config.dev_dir, MakeSandboxDev(id_, root_uid));
   STRATA_RETURN_IF_ERROR(WriteFileAtomic(dir_ + "/config.json", OciConfig(config).dump(), false));
   timer.Step("write bundle");
 
@@ -284,6 +289,7 @@ Status ContainerBackend::Destroy(AgentClient* agent) {
     RunCommand({.argv = {node_.runtime, "delete", "--force", id_}, .timeout = std::chrono::seconds(10)}).status().IgnoreError();
   }
   RemoveSandboxCgroups(node_.cgroup_parent + "/" + id_);
+  errors.Note(RemoveSandboxDev(id_));
   timer.Step("clean up runtime state");
   errors.Note(overlay_.Unmount());
   timer.Step("unmount overlay");

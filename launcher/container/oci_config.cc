@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 #include <sys/statfs.h>
 #include <sys/statvfs.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -19,6 +20,7 @@
 #include <linux/magic.h>
 
 #include "common/fs.h"
+#include "common/mount.h"
 #include "common/strings.h"
 #include "common/unique_fd.h"
 
@@ -141,12 +143,11 @@ json OciConfig(const ContainerConfig& c) {
   if (!c.netns_path.empty()) namespaces.push_back({{"type", "network"}, {"path", c.netns_path}});
   else if (!c.host_network) namespaces.push_back({{"type", "network"}});
 
-  // /dev/shm is a directory of /dev's tmpfs (the agent makes it), not a
-  // tmpfs of its own: one superblock fewer, and the same 64 MiB cap.
+  // /dev is the sandbox's directory in the node's tmpfs for them (see
+  // kSandboxDevs), /dev/shm a directory in it: no superblock of their own.
   json mounts = json::array({
       {{"destination", "/proc"}, {"type", "proc"}, {"source", "proc"}, {"options", {"nosuid", "noexec", "nodev"}}},
-      {{"destination", "/dev"}, {"type", "tmpfs"}, {"source", "tmpfs"},
-       {"options", {"nosuid", "strictatime", "mode=755", "size=65536k"}}},
+      {{"destination", "/dev"}, {"type", "bind"}, {"source", c.dev_dir}, {"options", {"bind", "nosuid"}}},
       {{"destination", "/dev/pts"}, {"type", "devpts"}, {"source", "devpts"},
        {"options", {"nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620", "gid=5"}}},
       {{"destination", "/dev/mqueue"}, {"type", "mqueue"}, {"source", "mqueue"}, {"options", {"nosuid", "noexec", "nodev"}}},
@@ -255,7 +256,10 @@ Status MountSandboxSysfs() {
 }  // namespace
 
 Status EnsureSharedMounts() {
-  if (MountedAs(kMaskDir, TMPFS_MAGIC, true) && MountedAs(kSandboxSysfs, SYSFS_MAGIC, true)) return OkStatus();
+  if (MountedAs(kMaskDir, TMPFS_MAGIC, true) && MountedAs(kSandboxSysfs, SYSFS_MAGIC, true) &&
+      IsMountPoint(kSandboxDevs)) {
+    return OkStatus();
+  }
   // Launchers and daemons on one node may get here at once: one mounts.
   STRATA_RETURN_IF_ERROR(MakeDirs(Dirname(kMaskDir)).Annotate("shared sandbox mounts"));
   const std::string lock_path = StrCat(Dirname(kMaskDir), "/.shared-mounts.lock");
@@ -273,7 +277,52 @@ Status EnsureSharedMounts() {
     }
   }
   if (!MountedAs(kSandboxSysfs, SYSFS_MAGIC, true)) STRATA_RETURN_IF_ERROR(MountSandboxSysfs());
+  // /dev of every container: writable, the tmpfs default size (half the
+  // node's memory) for all of them, each sandbox's part charged to its
+  // memory cgroup; mode 0711 so no sandbox's mapped root can list the
+  // others (none sees this directory anyway: each binds its own).
+  if (!IsMountPoint(kSandboxDevs)) {
+    STRATA_RETURN_IF_ERROR(MakeDirs(kSandboxDevs, 0711).Annotate("containers' /dev"));
+    if (::mount("tmpfs", kSandboxDevs, "tmpfs", MS_NOSUID, "mode=0711") != 0) {
+      return ErrnoError(errno, StrCat("containers' /dev: mount a tmpfs at ", kSandboxDevs));
+    }
+  }
   return OkStatus();
+}
+
+Result<std::string> MakeSandboxDev(const std::string& id, uid_t uid) {
+  const std::string dir = StrCat(kSandboxDevs, "/", id);
+  // The devices a container's /dev has (the runtime makes none in a /dev
+  // that is a bind mount), then what it links and mounts on.
+  struct Node {
+    const char* name;
+    mode_t mode;
+    unsigned major, minor;
+  };
+  static constexpr Node kNodes[] = {{"", S_IFDIR | 0755, 0, 0},          {"shm", S_IFDIR | 01777, 0, 0},
+                                    {"pts", S_IFDIR | 0755, 0, 0},       {"mqueue", S_IFDIR | 0755, 0, 0},
+                                    {"null", S_IFCHR | 0666, 1, 3},      {"zero", S_IFCHR | 0666, 1, 5},
+                                    {"full", S_IFCHR | 0666, 1, 7},      {"random", S_IFCHR | 0666, 1, 8},
+                                    {"urandom", S_IFCHR | 0666, 1, 9},   {"tty", S_IFCHR | 0666, 5, 0}};
+  for (const Node& n : kNodes) {
+    const std::string path = *n.name ? StrCat(dir, "/", n.name) : dir;
+    const int r = S_ISDIR(n.mode) ? ::mkdir(path.c_str(), n.mode & 07777) : ::mknod(path.c_str(), n.mode, makedev(n.major, n.minor));
+    if (r != 0 && errno != EEXIST) return ErrnoError(errno, "sandbox /dev: make " + path);
+    if (::chmod(path.c_str(), n.mode & 07777) != 0) return ErrnoError(errno, "sandbox /dev: chmod " + path);
+    if (::lchown(path.c_str(), uid, uid) != 0) return ErrnoError(errno, "sandbox /dev: chown " + path);
+  }
+  for (const auto& [name, target] : {std::pair{"fd", "/proc/self/fd"}, std::pair{"stdin", "/proc/self/fd/0"},
+                                     std::pair{"stdout", "/proc/self/fd/1"}, std::pair{"stderr", "/proc/self/fd/2"},
+                                     std::pair{"ptmx", "pts/ptmx"}, std::pair{"core", "/proc/kcore"}}) {
+    const std::string path = StrCat(dir, "/", name);
+    if (::symlink(target, path.c_str()) != 0 && errno != EEXIST) return ErrnoError(errno, "sandbox /dev: link " + path);
+    if (::lchown(path.c_str(), uid, uid) != 0) return ErrnoError(errno, "sandbox /dev: chown " + path);
+  }
+  return dir;
+}
+
+Status RemoveSandboxDev(const std::string& id) {
+  return RemoveTree(StrCat(kSandboxDevs, "/", id)).Annotate("remove sandbox " + id + "'s /dev");
 }
 
 }  // namespace strata::launcher

@@ -32,6 +32,11 @@ inline constexpr const char* kSandboxSysfs = "/run/strata/sysfs";
 // An empty read-only tmpfs (one for the node), bound over masked kernel
 // directories.
 inline constexpr const char* kMaskDir = "/run/strata/empty";
+// A tmpfs (one for the node) holding each container's /dev as a directory
+// of its own, kSandboxDevs/<id>, bound at /dev: what a sandbox writes there
+// (its /dev/shm) is charged to its memory cgroup, as a tmpfs of its own
+// would be, without the superblock.
+inline constexpr const char* kSandboxDevs = "/run/strata/dev";
 
 struct ContainerConfig {
   std::string id;
@@ -47,9 +52,11 @@ struct ContainerConfig {
   std::string agent_socket_dir;       // host dir, bind-mounted at kAgentSocketDir
   // Node-wide mounts every sandbox binds rather than owning its own (a
   // superblock costs every memory cgroup on the node a slot: see
-  // EnsureSharedMounts): /sys, and the directories that mask kernel paths.
+  // EnsureSharedMounts): /sys, the directories that mask kernel paths, and
+  // the tmpfs that holds /dev.
   std::string sysfs = kSandboxSysfs;
   std::string mask_dir = kMaskDir;
+  std::string dev_dir;                // the sandbox's directory in kSandboxDevs
   std::vector<std::string> env;       // the agent's (and its commands' default) environment
   // The default profile compiled to BPF (base64), for runtimes that take it
   // (crun's run.oci.seccomp_bpf_data); the profile stays in linux.seccomp
@@ -81,7 +88,7 @@ inline constexpr const char* kCommandSeccompName = "command.bpf";
 // runtime binds config.sysfs and config.mask_dir).
 nlohmann::json OciConfig(const ContainerConfig& config);
 
-// Makes kSandboxSysfs and kMaskDir if they are not there yet (they stay for
+// Makes kSandboxSysfs, kMaskDir and kSandboxDevs if they are not there yet (they stay for
 // the node's lifetime, like the pool of network namespaces). Sandboxes bind
 // them instead of mounting a sysfs and a tmpfs per masked directory of
 // their own: each superblock registers a memory-cgroup-aware shrinker, and
@@ -90,6 +97,13 @@ nlohmann::json OciConfig(const ContainerConfig& config);
 // once since boot — per sandbox a cost that grows with the number of
 // sandboxes (docs/benchmarks.md, "density").
 Status EnsureSharedMounts();
+
+// A container's /dev: kSandboxDevs/<id>, owned by the sandbox's root (uid),
+// with shm (mode 1777) in it; the runtime binds the devices onto files it
+// makes there. Returns its path. RemoveSandboxDev deletes it and all in it
+// (the runtime's binds are gone with the container's mount namespace).
+Result<std::string> MakeSandboxDev(const std::string& id, uid_t uid);
+Status RemoveSandboxDev(const std::string& id);
 
 // A default seccomp profile in OCI form: an allowlist of the system calls
 // ordinary programs use (like the Docker/Podman default), with clone limited

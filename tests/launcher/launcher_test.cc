@@ -94,24 +94,32 @@ TEST_F(LauncherTest, SandboxesAreIsolated) {
 }
 
 // What a container sees (docs/security.md): superblocks of its own only
-// where it needs one; /sys and the masks are the node's, shared read-only.
+// where it needs one; /sys and the masks are the node's, shared read-only;
+// /dev is its own directory of the node's tmpfs for them, gone with it.
 TEST_F(LauncherTest, MountsAreSharedWhereASandboxNeedsNoneOfItsOwn) {
   ASSERT_OK_AND_ASSIGN(auto r, Run({"--layer", "busybox:1", "--", "sh", "-c",
-                                    "cat /proc/self/mountinfo; echo ==; stat -c %a /dev/shm; echo x > /dev/shm/f && cat /dev/shm/f;"
+                                    "cat /proc/self/mountinfo; echo ==; hostname; stat -c %a /dev/shm; echo x > /dev/shm/f && cat /dev/shm/f;"
+                                    " touch /dev/made && stat -c %u /dev/made; cat /dev/null; head -c 3 /dev/zero | wc -c;"
                                     " ls /sys/class/net | wc -l; touch /sys/x 2>/dev/null || echo sys-ro;"
                                     " ls -A /sys/firmware 2>/dev/null | wc -l"}));
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const size_t split = r.out.find("==\n");
   ASSERT_NE(split, std::string::npos) << r.out;
-  EXPECT_EQ(r.out.substr(split + 3), "1777\nx\n0\nsys-ro\n0\n");
-  // The node's shared sysfs and masking directory, as the host sees them.
-  struct stat sysfs, empty;
+  const std::string seen = r.out.substr(split + 3);
+  const std::string sandbox = seen.substr(0, seen.find('\n'));
+  EXPECT_EQ(seen, sandbox + "\n1777\nx\n0\n3\n0\nsys-ro\n0\n");
+  EXPECT_EQ(::access(StrCat(kSandboxDevs, "/", sandbox).c_str(), F_OK), -1) << "its /dev outlived it";
+  // The node's shared sysfs, masking directory and /dev tmpfs, as the host sees them.
+  struct stat sysfs, empty, devs;
   ASSERT_EQ(::stat(kSandboxSysfs, &sysfs), 0);
   ASSERT_EQ(::stat(kMaskDir, &empty), 0);
+  ASSERT_EQ(::stat(kSandboxDevs, &devs), 0);
   const std::string shared_sysfs = StrCat(major(sysfs.st_dev), ":", minor(sysfs.st_dev));
   const std::string shared_empty = StrCat(major(empty.st_dev), ":", minor(empty.st_dev));
+  const std::string shared_devs = StrCat(major(devs.st_dev), ":", minor(devs.st_dev));
   std::map<std::string, std::string> fs_at;  // mount point -> "type dev"
   std::map<std::string, bool> read_only;     // mount point -> its mount is read-only
+  std::map<std::string, std::string> root_of;  // mount point -> the root of its mount
   std::map<std::string, std::string> own;    // the sandbox's own superblocks: dev -> type
   std::istringstream in(r.out.substr(0, split));
   for (std::string line; std::getline(in, line);) {
@@ -123,9 +131,15 @@ TEST_F(LauncherTest, MountsAreSharedWhereASandboxNeedsNoneOfItsOwn) {
     f >> type;
     fs_at[point] = type + " " + dev;
     read_only[point] = options == "ro" || options.starts_with("ro,");
-    if (type != "devtmpfs" && dev != shared_empty && dev != shared_sysfs && !point.starts_with("/.strata")) own[dev] = type;
+    root_of[point] = root;
+    if (type != "devtmpfs" && dev != shared_empty && dev != shared_sysfs && dev != shared_devs && !point.starts_with("/.strata")) {
+      own[dev] = type;
+    }
   }
   EXPECT_EQ(fs_at["/sys"], "sysfs " + shared_sysfs);
+  EXPECT_EQ(fs_at["/dev"], "tmpfs " + shared_devs);
+  EXPECT_EQ(root_of["/dev"], "/" + sandbox);
+  EXPECT_FALSE(read_only["/dev"]);
   EXPECT_EQ(fs_at["/dev/shm"], "");  // a directory of /dev
   EXPECT_TRUE(read_only["/sys"]);
   if (::access("/sys/firmware", F_OK) == 0) {  // (masked where the node has it)
@@ -134,7 +148,7 @@ TEST_F(LauncherTest, MountsAreSharedWhereASandboxNeedsNoneOfItsOwn) {
   }
   std::multiset<std::string> types;
   for (const auto& [dev, type] : own) types.insert(type);
-  EXPECT_EQ(types, (std::multiset<std::string>{"overlay", "proc", "tmpfs", "devpts", "mqueue"})) << r.out;
+  EXPECT_EQ(types, (std::multiset<std::string>{"overlay", "proc", "devpts", "mqueue"})) << r.out;
 }
 
 TEST_F(LauncherTest, NoNetworkReachesNothingOnTheHost) {
