@@ -10,6 +10,7 @@
 #include "common/http_server.h"
 #include "launcher/api/client.h"
 #include "launcher/api/server.h"
+#include "launcher/container/oci_config.h"
 #include "tests/launcher/fixture.h"
 
 namespace strata::launcher {
@@ -311,7 +312,10 @@ TEST_F(DaemonTest, RandomKillsOfSandboxesAndTheDaemonLeaveTheHostClean) {
   for (const auto& s : client_->List().value_or(json::array())) EXPECT_OK(client_->Destroy(s["id"].get<std::string>()));
   StopDaemon(SIGTERM);
   ExpectHostClean();
-  for (const auto& id : ids) EXPECT_NE(::access(StrCat("/run/crun/", id).c_str(), F_OK), 0) << "runtime state left: " << id;
+  for (const auto& id : ids) {
+    EXPECT_NE(::access(StrCat("/run/crun/", id).c_str(), F_OK), 0) << "runtime state left: " << id;
+    EXPECT_NE(::access(StrCat(kSandboxDevs, "/", id).c_str(), F_OK), 0) << "its /dev left: " << id;
+  }
 }
 
 TEST_F(DaemonTest, FunctionCallsShareOnlyTheReadOnlyLayers) {
