@@ -1,7 +1,9 @@
 // Owned mounts.
 #include "common/mount.h"
 
+#include <fcntl.h>
 #include <sys/mount.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -86,6 +88,15 @@ std::vector<MountEntry> ListMounts() {
 }
 
 bool IsMountPoint(const std::string& path) {
+  // The kernel says so without a read of the mount table, whose length is
+  // the node's number of sandboxes; where it cannot answer (a FUSE mount
+  // whose server is gone answers ENOTCONN), the table decides.
+  struct statx stx;
+  if (::statx(AT_FDCWD, path.c_str(), AT_SYMLINK_NOFOLLOW | AT_NO_AUTOMOUNT, 0, &stx) == 0) {
+    if (stx.stx_attributes_mask & STATX_ATTR_MOUNT_ROOT) return (stx.stx_attributes & STATX_ATTR_MOUNT_ROOT) != 0;
+  } else if (errno == ENOENT || errno == ENOTDIR) {
+    return false;
+  }
   for (const auto& m : ListMounts()) {
     if (m.mount_point == path) return true;
   }

@@ -36,7 +36,8 @@ class MountPoint {
   std::string target_;
 };
 
-// Whether /proc/self/mountinfo lists `path` as a mount point.
+// Whether `path` is a mount point (statx's STATX_ATTR_MOUNT_ROOT; where
+// that cannot answer, whether /proc/self/mountinfo lists it).
 bool IsMountPoint(const std::string& path);
 
 // One line of /proc/self/mountinfo, unescaped.

@@ -19,6 +19,7 @@
 #include "common/strings.h"
 #include "common/subprocess.h"
 #include "launcher/container/container_backend.h"
+#include "launcher/container/oci_config.h"
 #include "launcher/sandbox/backend.h"
 #include "launcher/sandbox/seccomp.h"
 #include "launcher/vm/microvm_backend.h"
@@ -554,6 +555,7 @@ Status SweepStaleSandboxes(const NodeConfig& node) {
     std::string runtime = state.is_object() ? state.value("runtime", node.runtime) : node.runtime;
     RunCommand({.argv = {runtime, "delete", "--force", id}, .timeout = std::chrono::seconds(10)}).status().IgnoreError();
     RemoveSandboxCgroups(state.is_object() ? state.value("cgroup", node.cgroup_parent + "/" + id) : node.cgroup_parent + "/" + id);
+    RemoveSandboxDev(id).IgnoreError();
     if (IsMountPoint(path + "/rootfs")) MountPoint::Adopt(path + "/rootfs").Unmount().IgnoreError();
     auto uppers = UpperStore::Open(state.is_object() ? state.value("uppers", node.uppers) : node.uppers);
     if (uppers.ok()) {

@@ -225,6 +225,7 @@ TEST_F(LauncherTest, InterruptedAndFailedSandboxesLeaveNothing) {
   // A launcher killed outright: the next run sweeps up after it.
   ASSERT_OK_AND_ASSIGN(Subprocess p, Subprocess::Start({.argv = {Tool(), "run", "--layer", "busybox:1", "--", "sleep", "30"},
                                                         .env = env_, .stdout_mode = StdStream::kNull}));
+  std::string killed;  // its sandbox
   for (int i = 0; i < 200; ++i) {
     DIR* d = ::opendir(dir_.Sub("run").c_str());
     bool started = false;
@@ -232,6 +233,7 @@ TEST_F(LauncherTest, InterruptedAndFailedSandboxesLeaveNothing) {
       dirent* e = ::readdir(d);
       if (!e) break;
       started = std::string(e->d_name).starts_with("sb-") && ::access(dir_.Sub(StrCat("run/", e->d_name, "/agent/agent.sock")).c_str(), F_OK) == 0;
+      if (started) killed = e->d_name;
     }
     if (d) ::closedir(d);
     if (started) break;
@@ -253,6 +255,8 @@ TEST_F(LauncherTest, InterruptedAndFailedSandboxesLeaveNothing) {
   ASSERT_OK_AND_ASSIGN(auto after, Run({"--layer", "busybox:1", "--", "true"}));
   EXPECT_EQ(after.exit_code, 0) << after.err;
   ExpectHostClean();
+  ASSERT_FALSE(killed.empty());
+  EXPECT_NE(::access(StrCat(kSandboxDevs, "/", killed).c_str(), F_OK), 0) << "the killed launcher's sandbox kept its /dev";
 }
 
 }  // namespace
