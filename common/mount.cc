@@ -89,10 +89,12 @@ std::vector<MountEntry> ListMounts() {
 
 bool IsMountPoint(const std::string& path) {
   // The kernel says so without a read of the mount table, whose length is
-  // the node's number of sandboxes; where it cannot answer (a FUSE mount
-  // whose server is gone answers ENOTCONN), the table decides.
+  // the node's number of sandboxes. No attributes are asked for and none
+  // are synced, so a FUSE server is not asked (one that is gone, or not yet
+  // serving, must not hang this); where statx cannot answer, the table
+  // decides.
   struct statx stx;
-  if (::statx(AT_FDCWD, path.c_str(), AT_SYMLINK_NOFOLLOW | AT_NO_AUTOMOUNT, 0, &stx) == 0) {
+  if (::statx(AT_FDCWD, path.c_str(), AT_SYMLINK_NOFOLLOW | AT_NO_AUTOMOUNT | AT_STATX_DONT_SYNC, 0, &stx) == 0) {
     if (stx.stx_attributes_mask & STATX_ATTR_MOUNT_ROOT) return (stx.stx_attributes & STATX_ATTR_MOUNT_ROOT) != 0;
   } else if (errno == ENOENT || errno == ENOTDIR) {
     return false;

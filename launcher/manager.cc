@@ -16,6 +16,7 @@
 #include "common/log.h"
 #include "common/strings.h"
 #include "common/subprocess.h"
+#include "launcher/container/oci_config.h"
 #include "launcher/sandbox/backend.h"
 #include "launcher/vm/microvm.h"
 #include "lazyfs/client.h"
@@ -352,6 +353,7 @@ Status SandboxManager::Recover() {
       if (!s.ok()) STRATA_LOG(kWarn) << "remove sandbox " << id << ": " << s.ToString();
     } else {
       RunCommand({.argv = {node_.runtime, "delete", "--force", internal}, .timeout = std::chrono::seconds(10)}).status().IgnoreError();
+      RemoveSandboxDev(internal).IgnoreError();
       RemoveSandboxCgroups(node_.cgroup_parent + "/" + internal);  // (and whatever runs there: a microVM's QEMU)
       if (auto uppers = UpperStore::Open(node_.uppers); uppers.ok()) {
         if (auto v = uppers->Adopt(internal); v.ok()) v->Destroy().IgnoreError();

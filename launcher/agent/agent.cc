@@ -1430,7 +1430,8 @@ Status Agent::Serve(int listen_fd) {
       ::eventfd_read(ended_fd_.get(), &n);
       JoinEnded();
     }
-    if (!(fds[0].revents & (POLLIN | POLLERR | POLLHUP))) continue;
+    if (fds[0].revents & (POLLNVAL | POLLERR | POLLHUP)) return Error(EIO, "agent: the listening socket failed");
+    if (!(fds[0].revents & POLLIN)) continue;
     int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
     if (fd < 0) {
       if (errno == EINTR || errno == ECONNABORTED || errno == EAGAIN) continue;

@@ -104,5 +104,5 @@ int main(int argc, char**) {
   strata::launcher::Agent agent(std::move(command_cgroups));
   strata::Status s = agent.Serve(kListenFd);
   std::fprintf(stderr, "strata-agent: %s\n", s.ToString().c_str());
-  return 1;
+  ::_exit(1);  // (threads may still run: nothing of the agent is destroyed under them)
 }

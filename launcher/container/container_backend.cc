@@ -288,8 +288,8 @@ Status ContainerBackend::Destroy(AgentClient* agent) {
   if (::access(StrCat("/run/", Basename(node_.runtime), "/", id_).c_str(), F_OK) == 0) {
     RunCommand({.argv = {node_.runtime, "delete", "--force", id_}, .timeout = std::chrono::seconds(10)}).status().IgnoreError();
   }
+  errors.Note(RemoveSandboxDev(id_));  // (first: its pages would keep the memory cgroup, dying)
   RemoveSandboxCgroups(node_.cgroup_parent + "/" + id_);
-  errors.Note(RemoveSandboxDev(id_));
   timer.Step("clean up runtime state");
   errors.Note(overlay_.Unmount());
   timer.Step("unmount overlay");

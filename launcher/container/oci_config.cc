@@ -147,13 +147,18 @@ json OciConfig(const ContainerConfig& c) {
   // kSandboxDevs), /dev/shm a directory in it: no superblock of their own.
   json mounts = json::array({
       {{"destination", "/proc"}, {"type", "proc"}, {"source", "proc"}, {"options", {"nosuid", "noexec", "nodev"}}},
-      {{"destination", "/dev"}, {"type", "bind"}, {"source", c.dev_dir}, {"options", {"bind", "nosuid"}}},
+      {{"destination", "/dev"}, {"type", "bind"}, {"source", c.dev_dir}, {"options", {"bind", "nosuid", "nodev", "noexec"}}},
+      // (Every mount of /dev's before the devices: one on top of a device would hide nothing of its.)
       {{"destination", "/dev/pts"}, {"type", "devpts"}, {"source", "devpts"},
        {"options", {"nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620", "gid=5"}}},
       {{"destination", "/dev/mqueue"}, {"type", "mqueue"}, {"source", "mqueue"}, {"options", {"nosuid", "noexec", "nodev"}}},
       {{"destination", kAgentPath}, {"type", "bind"}, {"source", c.agent_binary}, {"options", {"bind", "ro", "nosuid", "nodev"}}},
       {{"destination", kAgentSocketDir}, {"type", "bind"}, {"source", c.agent_socket_dir}, {"options", {"bind", "nosuid", "nodev", "noexec"}}},
   });
+  for (const char* device : kSandboxDevices) {
+    const std::string path = StrCat("/dev/", device);
+    mounts.push_back({{"destination", path}, {"type", "bind"}, {"source", path}, {"options", {"bind", "nosuid", "noexec"}}});
+  }
   if (!c.resolv_conf.empty()) {
     mounts.push_back({{"destination", "/etc/resolv.conf"}, {"type", "bind"}, {"source", c.resolv_conf},
                       {"options", {"bind", "ro", "nosuid", "nodev", "noexec"}}});
@@ -279,11 +284,14 @@ Status EnsureSharedMounts() {
   if (!MountedAs(kSandboxSysfs, SYSFS_MAGIC, true)) STRATA_RETURN_IF_ERROR(MountSandboxSysfs());
   // /dev of every container: writable, the tmpfs default size (half the
   // node's memory) for all of them, each sandbox's part charged to its
-  // memory cgroup; mode 0711 so no sandbox's mapped root can list the
-  // others (none sees this directory anyway: each binds its own).
+  // memory cgroup; no cap on inodes (they are charged too, and a shared
+  // cap would be one sandbox's to exhaust for all); mode 0711 so no
+  // sandbox's mapped root can list the others (none sees this directory
+  // anyway: each binds its own). No device nodes in it: the devices are
+  // the host's, bound.
   if (!IsMountPoint(kSandboxDevs)) {
     STRATA_RETURN_IF_ERROR(MakeDirs(kSandboxDevs, 0711).Annotate("containers' /dev"));
-    if (::mount("tmpfs", kSandboxDevs, "tmpfs", MS_NOSUID, "mode=0711") != 0) {
+    if (::mount("tmpfs", kSandboxDevs, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "mode=0711,nr_inodes=0") != 0) {
       return ErrnoError(errno, StrCat("containers' /dev: mount a tmpfs at ", kSandboxDevs));
     }
   }
@@ -291,34 +299,45 @@ Status EnsureSharedMounts() {
 }
 
 Result<std::string> MakeSandboxDev(const std::string& id, uid_t uid) {
-  const std::string dir = StrCat(kSandboxDevs, "/", id);
-  // The devices a container's /dev has (the runtime makes none in a /dev
-  // that is a bind mount), then what it links and mounts on.
-  struct Node {
+  // Nothing an earlier sandbox of this name left is trusted.
+  STRATA_RETURN_IF_ERROR(RemoveSandboxDev(id));
+  // <id> is the sandbox root's alone (0700: no other user of the node
+  // reaches its /dev/shm); <id>/dev is bound at /dev. The devices are the
+  // host's, bound by the runtime onto empty files of the host's root here:
+  // a mount point cannot be removed or replaced from inside, and the
+  // sandbox's root cannot change a file of an owner it does not map.
+  struct Entry {
     const char* name;
-    mode_t mode;
-    unsigned major, minor;
+    mode_t mode;  // S_IFDIR or S_IFREG, and the permissions
+    bool owned;   // by the sandbox's root, else the host's
   };
-  static constexpr Node kNodes[] = {{"", S_IFDIR | 0755, 0, 0},          {"shm", S_IFDIR | 01777, 0, 0},
-                                    {"pts", S_IFDIR | 0755, 0, 0},       {"mqueue", S_IFDIR | 0755, 0, 0},
-                                    {"null", S_IFCHR | 0666, 1, 3},      {"zero", S_IFCHR | 0666, 1, 5},
-                                    {"full", S_IFCHR | 0666, 1, 7},      {"random", S_IFCHR | 0666, 1, 8},
-                                    {"urandom", S_IFCHR | 0666, 1, 9},   {"tty", S_IFCHR | 0666, 5, 0}};
-  for (const Node& n : kNodes) {
-    const std::string path = *n.name ? StrCat(dir, "/", n.name) : dir;
-    const int r = S_ISDIR(n.mode) ? ::mkdir(path.c_str(), n.mode & 07777) : ::mknod(path.c_str(), n.mode, makedev(n.major, n.minor));
-    if (r != 0 && errno != EEXIST) return ErrnoError(errno, "sandbox /dev: make " + path);
-    if (::chmod(path.c_str(), n.mode & 07777) != 0) return ErrnoError(errno, "sandbox /dev: chmod " + path);
-    if (::lchown(path.c_str(), uid, uid) != 0) return ErrnoError(errno, "sandbox /dev: chown " + path);
+  static constexpr Entry kEntries[] = {
+      {"", S_IFDIR | 0700, true},          {"/dev", S_IFDIR | 0755, true},      {"/dev/shm", S_IFDIR | 01777, true},
+      {"/dev/pts", S_IFDIR | 0755, true},  {"/dev/mqueue", S_IFDIR | 0755, true}};
+  const std::string top = StrCat(kSandboxDevs, "/", id);
+  std::vector<Entry> entries(std::begin(kEntries), std::end(kEntries));
+  std::vector<std::string> names;
+  for (const char* device : kSandboxDevices) names.push_back(StrCat("/dev/", device));
+  for (const auto& name : names) entries.push_back({name.c_str(), S_IFREG | 0644, false});
+  for (const Entry& e : entries) {
+    const std::string path = top + e.name;
+    if (S_ISDIR(e.mode)) {
+      if (::mkdir(path.c_str(), e.mode & 07777) != 0) return ErrnoError(errno, "sandbox /dev: make " + path);
+    } else {
+      UniqueFd f(::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, e.mode & 07777));
+      if (!f) return ErrnoError(errno, "sandbox /dev: make " + path);
+    }
+    if (::chmod(path.c_str(), e.mode & 07777) != 0) return ErrnoError(errno, "sandbox /dev: chmod " + path);
+    if (e.owned && ::lchown(path.c_str(), uid, uid) != 0) return ErrnoError(errno, "sandbox /dev: chown " + path);
   }
   for (const auto& [name, target] : {std::pair{"fd", "/proc/self/fd"}, std::pair{"stdin", "/proc/self/fd/0"},
                                      std::pair{"stdout", "/proc/self/fd/1"}, std::pair{"stderr", "/proc/self/fd/2"},
                                      std::pair{"ptmx", "pts/ptmx"}, std::pair{"core", "/proc/kcore"}}) {
-    const std::string path = StrCat(dir, "/", name);
-    if (::symlink(target, path.c_str()) != 0 && errno != EEXIST) return ErrnoError(errno, "sandbox /dev: link " + path);
+    const std::string path = StrCat(top, "/dev/", name);
+    if (::symlink(target, path.c_str()) != 0) return ErrnoError(errno, "sandbox /dev: link " + path);
     if (::lchown(path.c_str(), uid, uid) != 0) return ErrnoError(errno, "sandbox /dev: chown " + path);
   }
-  return dir;
+  return top + "/dev";
 }
 
 Status RemoveSandboxDev(const std::string& id) {

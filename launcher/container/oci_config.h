@@ -98,10 +98,16 @@ nlohmann::json OciConfig(const ContainerConfig& config);
 // sandboxes (docs/benchmarks.md, "density").
 Status EnsureSharedMounts();
 
-// A container's /dev: kSandboxDevs/<id>, owned by the sandbox's root (uid),
-// with shm (mode 1777) in it; the runtime binds the devices onto files it
-// makes there. Returns its path. RemoveSandboxDev deletes it and all in it
-// (the runtime's binds are gone with the container's mount namespace).
+// The host's devices every container's /dev binds (see MakeSandboxDev).
+inline constexpr const char* kSandboxDevices[] = {"null", "zero", "full", "random", "urandom", "tty"};
+
+// A container's /dev: kSandboxDevs/<id>/dev, owned by the sandbox's root
+// (uid), with shm (mode 1777), pts and mqueue in it, the usual symlinks,
+// and an empty file of the host's root for each of kSandboxDevices, which
+// the bundle binds from the host's /dev; <id> (mode 0700) is the sandbox
+// root's. Made afresh (whatever was there is removed first). Returns the
+// path to bind. RemoveSandboxDev deletes <id> and all in it (the binds are
+// gone with the container's mount namespace).
 Result<std::string> MakeSandboxDev(const std::string& id, uid_t uid);
 Status RemoveSandboxDev(const std::string& id);
 

@@ -100,6 +100,9 @@ TEST_F(LauncherTest, MountsAreSharedWhereASandboxNeedsNoneOfItsOwn) {
   ASSERT_OK_AND_ASSIGN(auto r, Run({"--layer", "busybox:1", "--", "sh", "-c",
                                     "cat /proc/self/mountinfo; echo ==; hostname; stat -c %a /dev/shm; echo x > /dev/shm/f && cat /dev/shm/f;"
                                     " touch /dev/made && stat -c %u /dev/made; cat /dev/null; head -c 3 /dev/zero | wc -c;"
+                                    " rm -f /dev/null 2>/dev/null; mv /dev/zero /tmp/z 2>/dev/null; chmod 600 /dev/urandom 2>/dev/null;"
+                                    " test -c /dev/null && test -c /dev/zero && stat -c %a /dev/urandom; head -c 5 /dev/urandom | wc -c;"
+                                    " echo x > /dev/full || echo full; ls /dev/fd/ >/dev/null && readlink /dev/ptmx;"
                                     " ls /sys/class/net | wc -l; touch /sys/x 2>/dev/null || echo sys-ro;"
                                     " ls -A /sys/firmware 2>/dev/null | wc -l"}));
   ASSERT_EQ(r.exit_code, 0) << r.err;
@@ -107,7 +110,7 @@ TEST_F(LauncherTest, MountsAreSharedWhereASandboxNeedsNoneOfItsOwn) {
   ASSERT_NE(split, std::string::npos) << r.out;
   const std::string seen = r.out.substr(split + 3);
   const std::string sandbox = seen.substr(0, seen.find('\n'));
-  EXPECT_EQ(seen, sandbox + "\n1777\nx\n0\n3\n0\nsys-ro\n0\n");
+  EXPECT_EQ(seen, sandbox + "\n1777\nx\n0\n3\n666\n5\nfull\npts/ptmx\n0\nsys-ro\n0\n");
   EXPECT_EQ(::access(StrCat(kSandboxDevs, "/", sandbox).c_str(), F_OK), -1) << "its /dev outlived it";
   // The node's shared sysfs, masking directory and /dev tmpfs, as the host sees them.
   struct stat sysfs, empty, devs;
@@ -138,7 +141,7 @@ TEST_F(LauncherTest, MountsAreSharedWhereASandboxNeedsNoneOfItsOwn) {
   }
   EXPECT_EQ(fs_at["/sys"], "sysfs " + shared_sysfs);
   EXPECT_EQ(fs_at["/dev"], "tmpfs " + shared_devs);
-  EXPECT_EQ(root_of["/dev"], "/" + sandbox);
+  EXPECT_EQ(root_of["/dev"], "/" + sandbox + "/dev");
   EXPECT_FALSE(read_only["/dev"]);
   EXPECT_EQ(fs_at["/dev/shm"], "");  // a directory of /dev
   EXPECT_TRUE(read_only["/sys"]);
