@@ -9,7 +9,6 @@
 #include <sys/stat.h>
 #include <sys/statfs.h>
 #include <sys/statvfs.h>
-#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -148,13 +147,13 @@ json OciConfig(const ContainerConfig& c) {
   json mounts = json::array({
       {{"destination", "/proc"}, {"type", "proc"}, {"source", "proc"}, {"options", {"nosuid", "noexec", "nodev"}}},
       {{"destination", "/dev"}, {"type", "bind"}, {"source", c.dev_dir}, {"options", {"bind", "nosuid", "nodev", "noexec"}}},
-      // (Every mount of /dev's before the devices: one on top of a device would hide nothing of its.)
       {{"destination", "/dev/pts"}, {"type", "devpts"}, {"source", "devpts"},
        {"options", {"nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620", "gid=5"}}},
       {{"destination", "/dev/mqueue"}, {"type", "mqueue"}, {"source", "mqueue"}, {"options", {"nosuid", "noexec", "nodev"}}},
       {{"destination", kAgentPath}, {"type", "bind"}, {"source", c.agent_binary}, {"options", {"bind", "ro", "nosuid", "nodev"}}},
       {{"destination", kAgentSocketDir}, {"type", "bind"}, {"source", c.agent_socket_dir}, {"options", {"bind", "nosuid", "nodev", "noexec"}}},
   });
+  // The host's devices, onto the empty files MakeSandboxDev made for them.
   for (const char* device : kSandboxDevices) {
     const std::string path = StrCat("/dev/", device);
     mounts.push_back({{"destination", path}, {"type", "bind"}, {"source", path}, {"options", {"bind", "nosuid", "noexec"}}});
