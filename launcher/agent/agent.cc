@@ -13,7 +13,6 @@
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
-#include <sys/eventfd.h>
 #include <sys/ioctl.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
@@ -1381,7 +1380,6 @@ Agent::~Agent() {
 void Agent::Spawn(std::function<void()> fn) {
   JoinEnded();
   std::lock_guard lock(threads_mu_);
-  if (!ended_fd_) ended_fd_.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   auto it = threads_.emplace(threads_.end());
   try {
     *it = std::thread([this, it, fn = std::move(fn)] {
@@ -1414,11 +1412,7 @@ Status Agent::Serve(int listen_fd) {
   if (int flags = ::fcntl(listen_fd, F_GETFL); flags < 0 || ::fcntl(listen_fd, F_SETFL, flags | O_NONBLOCK) != 0) {
     return ErrnoError(errno, "agent: make the listening socket non-blocking");
   }
-  {
-    std::lock_guard lock(threads_mu_);
-    if (!ended_fd_) ended_fd_.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
-    if (!ended_fd_) return ErrnoError(errno, "agent: eventfd");
-  }
+  if (!ended_fd_) return Error(EMFILE, "agent: no eventfd for ended threads");
   while (true) {
     pollfd fds[2] = {{listen_fd, POLLIN, 0}, {ended_fd_.get(), POLLIN, 0}};
     if (::poll(fds, 2, -1) < 0) {

@@ -6,6 +6,8 @@
 // started them and the launcher itself.
 #pragma once
 
+#include <sys/eventfd.h>
+
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -124,7 +126,7 @@ class Agent {
   std::mutex threads_mu_;
   std::list<std::thread> threads_;
   std::vector<std::list<std::thread>::iterator> ended_;
-  UniqueFd ended_fd_;  // an eventfd the serving loop polls: a thread ended
+  UniqueFd ended_fd_{::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)};  // the serving loop polls it: a thread ended
 };
 
 }  // namespace strata::launcher

@@ -305,29 +305,18 @@ Result<std::string> MakeSandboxDev(const std::string& id, uid_t uid) {
   // host's, bound by the runtime onto empty files of the host's root here:
   // a mount point cannot be removed or replaced from inside, and the
   // sandbox's root cannot change a file of an owner it does not map.
-  struct Entry {
-    const char* name;
-    mode_t mode;  // S_IFDIR or S_IFREG, and the permissions
-    bool owned;   // by the sandbox's root, else the host's
-  };
-  static constexpr Entry kEntries[] = {
-      {"", S_IFDIR | 0700, true},          {"/dev", S_IFDIR | 0755, true},      {"/dev/shm", S_IFDIR | 01777, true},
-      {"/dev/pts", S_IFDIR | 0755, true},  {"/dev/mqueue", S_IFDIR | 0755, true}};
   const std::string top = StrCat(kSandboxDevs, "/", id);
-  std::vector<Entry> entries(std::begin(kEntries), std::end(kEntries));
-  std::vector<std::string> names;
-  for (const char* device : kSandboxDevices) names.push_back(StrCat("/dev/", device));
-  for (const auto& name : names) entries.push_back({name.c_str(), S_IFREG | 0644, false});
-  for (const Entry& e : entries) {
-    const std::string path = top + e.name;
-    if (S_ISDIR(e.mode)) {
-      if (::mkdir(path.c_str(), e.mode & 07777) != 0) return ErrnoError(errno, "sandbox /dev: make " + path);
-    } else {
-      UniqueFd f(::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, e.mode & 07777));
-      if (!f) return ErrnoError(errno, "sandbox /dev: make " + path);
-    }
-    if (::chmod(path.c_str(), e.mode & 07777) != 0) return ErrnoError(errno, "sandbox /dev: chmod " + path);
-    if (e.owned && ::lchown(path.c_str(), uid, uid) != 0) return ErrnoError(errno, "sandbox /dev: chown " + path);
+  for (const auto& [name, mode] : {std::pair{"", 0700}, std::pair{"/dev", 0755}, std::pair{"/dev/shm", 01777},
+                                   std::pair{"/dev/pts", 0755}, std::pair{"/dev/mqueue", 0755}}) {
+    const std::string path = top + name;
+    if (::mkdir(path.c_str(), mode) != 0) return ErrnoError(errno, "sandbox /dev: make " + path);
+    if (::chmod(path.c_str(), mode) != 0) return ErrnoError(errno, "sandbox /dev: chmod " + path);  // (past the umask)
+    if (::lchown(path.c_str(), uid, uid) != 0) return ErrnoError(errno, "sandbox /dev: chown " + path);
+  }
+  for (const char* device : kSandboxDevices) {  // (the host root's)
+    const std::string path = StrCat(top, "/dev/", device);
+    UniqueFd f(::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644));
+    if (!f) return ErrnoError(errno, "sandbox /dev: make " + path);
   }
   for (const auto& [name, target] : {std::pair{"fd", "/proc/self/fd"}, std::pair{"stdin", "/proc/self/fd/0"},
                                      std::pair{"stdout", "/proc/self/fd/1"}, std::pair{"stderr", "/proc/self/fd/2"},
