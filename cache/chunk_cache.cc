@@ -22,9 +22,14 @@
 
 namespace strata::cache {
 
+// A chunk this process can read: from its file in data/, or, between its
+// fetch and its file's rename into data/, from the fetched bytes (so the
+// readers waiting for it need not wait for the write too). `fd` is set
+// before `bytes` is cleared, and never changes after.
 struct ChunkCache::OpenChunk {
   UniqueFd fd;
   uint64_t size = 0;
+  std::atomic<std::shared_ptr<const std::string>> bytes;
 };
 
 struct ChunkCache::Flight {
@@ -120,13 +125,16 @@ Result<Digest128> HashFile(const std::string& path, uint64_t* size) {
 
 }  // namespace
 
-int ChunkCache::Handle::fd() const { return chunk_ ? chunk_->fd.get() : -1; }
 uint64_t ChunkCache::Handle::size() const { return chunk_ ? chunk_->size : 0; }
 
 Result<size_t> ChunkCache::Handle::Read(uint64_t offset, std::span<char> out) const {
   if (!chunk_) return Error(EINVAL, "read of an empty chunk handle");
   if (offset >= chunk_->size) return size_t{0};
   size_t want = static_cast<size_t>(std::min<uint64_t>(out.size(), chunk_->size - offset));
+  if (auto bytes = chunk_->bytes.load()) {
+    std::memcpy(out.data(), bytes->data() + offset, want);
+    return want;
+  }
   return PreadFull(chunk_->fd.get(), out.first(want), offset);
 }
 
@@ -463,22 +471,24 @@ bool ChunkCache::RunFetch(const Digest128& id, ObjectStore& store, uint64_t size
   if (flight->started.exchange(true)) return false;  // the other job of a promoted flight ran
   Status status;
   std::shared_ptr<OpenChunk> chunk;
+  std::shared_ptr<const std::string> bytes;
   bool corrupt = false, compressed = false;
   uint64_t fetched = 0, decoded = 0;
   auto raw = GetChunk(store, id, size);
   if (!raw.ok()) {
     status = std::move(raw).status();
     corrupt = status.code() == EBADMSG;
+    STRATA_LOG(kWarn) << status.ToString();
   } else {
     fetched = raw->stored_size;
     compressed = raw->compressed;
     decoded = raw->bytes.size();
-    MakeRoom(decoded);
-    auto inserted = Insert(id, raw->bytes);
-    if (inserted.ok()) chunk = std::move(*inserted);
-    else status = std::move(inserted).status().Annotate(StrCat("cache chunk ", id.Hex()));
+    bytes = std::make_shared<const std::string>(std::move(raw->bytes));
+    chunk = std::make_shared<OpenChunk>();
+    chunk->size = decoded;
+    chunk->bytes.store(bytes);
   }
-  if (!status.ok()) STRATA_LOG(kWarn) << status.ToString();
+  // The waiters get the checked bytes now; the cache file is written after.
   {
     std::lock_guard lock(mu_);
     inflight_.erase(id);
@@ -501,11 +511,25 @@ bool ChunkCache::RunFetch(const Digest128& id, ObjectStore& store, uint64_t size
     flight->fetched_bytes = fetched;
   }
   flight->cv.notify_all();
+  if (!status.ok()) return true;
+
+  MakeRoom(decoded);
+  auto file = Insert(id, *bytes);
+  if (file.ok()) {
+    chunk->fd = std::move((*file)->fd);
+    chunk->bytes.store(nullptr);  // readers holding `bytes` keep them until done
+  } else {
+    // Served, but not cached: the next reader fetches it again.
+    STRATA_LOG(kWarn) << file.status().Annotate(StrCat("cache chunk ", id.Hex())).ToString();
+    std::lock_guard lock(mu_);
+    if (auto it = open_.find(id); it != open_.end() && it->second == chunk) open_.erase(it);
+    return true;
+  }
   chunk.reset();  // the waiters hold it now; do not pin it through the eviction below
 
   // Above the high-water mark, evict down to the low-water mark now, after
   // the waiters have their chunk, so most inserts find room ready.
-  if (status.ok() && options_.capacity_bytes) {
+  if (options_.capacity_bytes) {
     auto usage = Usage();
     if (usage.ok() && usage->bytes > options_.capacity_bytes / 100 * kHighWaterPercent) {
       Status s = EvictTo(options_.capacity_bytes / 100 * kLowWaterPercent);

@@ -10,6 +10,9 @@
 // - A chunk is decoded (cache/chunk_codec.h) and checked against its name
 //   (XXH3-128) when fetched; bad bytes are never written to data/ and never
 //   returned. Hits are not re-hashed.
+// - The readers waiting for a fetch get its checked bytes at once; its file
+//   is written after, by the fetching thread (a chunk that cannot be written
+//   is still served, and fetched again by the next reader that needs it).
 // - Any number of concurrent Get()s of a missing chunk in one process cause
 //   one store request; all of them get its result or its error.
 // - Several processes may share a directory. A file appears in data/ only
@@ -94,7 +97,6 @@ class ChunkCache {
   class Handle {
    public:
     Handle() = default;
-    int fd() const;
     uint64_t size() const;
     // Reads up to out.size() bytes at `offset` of the chunk.
     Result<size_t> Read(uint64_t offset, std::span<char> out) const;
@@ -152,8 +154,9 @@ class ChunkCache {
   Result<VerifyReport> Verify();
   // Writes pending last-use times to the index.
   Status Flush();
-  // Blocks until no fetch (or the eviction that follows one) runs in this
-  // process: for orderly shutdown and for tests that inspect the directory.
+  // Blocks until no fetch (nor the cache write and eviction that follow one)
+  // runs in this process: for orderly shutdown and for tests that inspect
+  // the directory.
   void WaitForFetches();
 
   const ChunkCacheOptions& options() const { return options_; }

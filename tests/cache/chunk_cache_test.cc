@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "cache/chunk_codec.h"
+#include "common/fs.h"
 #include "common/lmdb.h"
 #include "common/strings.h"
 #include "common/subprocess.h"
@@ -123,6 +124,30 @@ TEST_F(ChunkCacheTest, MissFetchesOnceThenHitsSurviveReopen) {
   ExpectConsistent(*cache);
 }
 
+// Readers get a fetched chunk from its checked bytes, before its cache file
+// is written; a chunk whose file cannot be written is still served, and
+// fetched again by the next reader.
+TEST_F(ChunkCacheTest, AChunkItCannotWriteIsServedAndNotKept) {
+  std::string data = RandomBytes(200000, 7);
+  Digest128 id = PutChunk(data);
+  auto cache = OpenCache();
+  // data/<2 hex> is a file: the rename into it fails (ENOTDIR).
+  const std::string blocker = cache_dir_.Sub("data/" + id.Hex().substr(0, 2));
+  ASSERT_OK(WriteFileAtomic(blocker, "not a directory", /*durable=*/false));
+  EXPECT_EQ(ReadAll(*cache, id), data);
+  cache->WaitForFetches();
+  EXPECT_FALSE(cache->Contains(id));
+  EXPECT_EQ(ReadAll(*cache, id), data);
+  EXPECT_EQ(store_->gets(), 2);
+  EXPECT_EQ(cache->stats().fetch_errors, 0u);
+  cache->WaitForFetches();
+  ASSERT_EQ(::unlink(blocker.c_str()), 0);
+  EXPECT_EQ(ReadAll(*cache, id), data);
+  EXPECT_EQ(store_->gets(), 3);
+  EXPECT_TRUE(cache->Contains(id));
+  ExpectConsistent(*cache);
+}
+
 TEST_F(ChunkCacheTest, ReadsARangeOfAChunk) {
   std::string data = RandomBytes(100000, 2);
   Digest128 id = PutChunk(data);
@@ -217,7 +242,9 @@ TEST_F(ChunkCacheTest, CompressedObjectsAreCachedAsTheirChunks) {
   EXPECT_EQ(h.size(), data.size());
   EXPECT_EQ(ReadAll(*cache, id), data);
   EXPECT_EQ(ReadAll(*cache, raw_id), raw);
-  // The cache holds the chunk itself, under its name.
+  // The cache holds the chunk itself, under its name (written once the
+  // readers had it).
+  cache->WaitForFetches();
   ASSERT_OK_AND_ASSIGN(std::string file, ReadFileToString(StrCat(cache_dir_.path(), "/data/", id.Hex().substr(0, 2),
                                                                  "/", id.Hex())));
   EXPECT_EQ(file, data);
@@ -335,11 +362,17 @@ TEST_F(ChunkCacheTest, EvictsLeastRecentlyUsedToStayUnderTheCap) {
   ChunkCacheOptions options;
   options.capacity_bytes = 1000 << 10;  // ten chunks
   auto cache = OpenCache(options);
-  for (int i = 0; i < 8; ++i) ASSERT_TRUE(cache->Get(ids[i], store_).ok());
+  // A reader gets its chunk before the chunk's file is written and room is
+  // made for it: wait for that before looking.
+  for (int i = 0; i < 8; ++i) {
+    ASSERT_TRUE(cache->Get(ids[i], store_).ok());
+    cache->WaitForFetches();
+  }
   std::this_thread::sleep_for(2ms);
   ASSERT_TRUE(cache->Get(ids[0], store_).ok());  // chunk 0 is now the most recent of the first eight
   for (int i = 8; i < 30; ++i) {
     ASSERT_TRUE(cache->Get(ids[i], store_).ok());
+    cache->WaitForFetches();
     ASSERT_OK_AND_ASSIGN(auto usage, cache->Usage());
     EXPECT_LE(usage.bytes, options.capacity_bytes);
     if (i == 10) {
