@@ -8,7 +8,10 @@
 #include <cctype>
 #include <tuple>
 #include <cstring>
+#include <deque>
+#include <mutex>
 #include <nlohmann/json.hpp>
+#include <unordered_map>
 
 #include "common/strings.h"
 
@@ -77,7 +80,7 @@ Result<Digest128> Catalog::Resolve(std::string_view text) const {
   return Resolve(ref);
 }
 
-Result<Manifest> Catalog::GetManifest(const Digest128& digest) const {
+Result<Manifest> Catalog::GetManifest(const Digest128& digest, std::string* text_out) const {
   auto text = store_->Get(ManifestKey(digest));
   if (!text.ok()) {
     if (text.status().code() == ENOENT) {
@@ -90,7 +93,47 @@ Result<Manifest> Catalog::GetManifest(const Digest128& digest) const {
   }
   auto manifest = Manifest::FromJson(*text);
   if (!manifest.ok()) return manifest.status().Annotate(StrCat("layer ", digest.Hex()));
+  if (text_out) *text_out = std::move(*text);
   return manifest;
+}
+
+namespace {
+
+// Parsed manifests by digest: weak entries for those someone holds, and a
+// short queue of the last ones asked for, which keeps them alive too.
+struct ManifestMemo {
+  std::mutex mu;
+  std::unordered_map<Digest128, std::weak_ptr<const Manifest>, Digest128Hash> known;
+  std::deque<std::shared_ptr<const Manifest>> recent;
+};
+
+ManifestMemo& Memo() {
+  static ManifestMemo* memo = new ManifestMemo;  // never destroyed: used from any thread until exit
+  return *memo;
+}
+
+}  // namespace
+
+Result<std::shared_ptr<const Manifest>> Catalog::SharedManifest(const Digest128& digest) const {
+  ManifestMemo& memo = Memo();
+  {
+    std::lock_guard lock(memo.mu);
+    if (auto it = memo.known.find(digest); it != memo.known.end()) {
+      if (auto m = it->second.lock()) return m;
+    }
+  }
+  // Parsed outside the lock; two threads may both parse a new one.
+  STRATA_ASSIGN_OR_RETURN(Manifest parsed, GetManifest(digest));
+  auto m = std::make_shared<const Manifest>(std::move(parsed));
+  std::lock_guard lock(memo.mu);
+  auto& slot = memo.known[digest];
+  if (auto held = slot.lock()) return held;
+  slot = m;
+  memo.recent.push_back(m);
+  if (memo.recent.size() > kManifestsKept) memo.recent.pop_front();
+  // Forget the entries nobody holds any more.
+  if (memo.known.size() > 4 * kManifestsKept) std::erase_if(memo.known, [](const auto& e) { return e.second.expired(); });
+  return m;
 }
 
 Result<bool> Catalog::HasManifest(const Digest128& digest) const { return store_->Exists(ManifestKey(digest)); }
@@ -180,22 +223,22 @@ Result<std::vector<StackLayer>> Catalog::ResolveStack(const std::vector<std::str
   std::vector<StackLayer> stack;
   for (const auto& text : refs) {
     STRATA_ASSIGN_OR_RETURN(Digest128 digest, Resolve(text));
-    STRATA_ASSIGN_OR_RETURN(Manifest manifest, GetManifest(digest));
-    if (manifest.kind == LayerKind::kDiff) {
+    STRATA_ASSIGN_OR_RETURN(std::shared_ptr<const Manifest> manifest, SharedManifest(digest));
+    if (manifest->kind == LayerKind::kDiff) {
       if (stack.empty()) {
-        for (const auto& parent : manifest.parents) {
-          auto parent_manifest = GetManifest(parent);
+        for (const auto& parent : manifest->parents) {
+          auto parent_manifest = SharedManifest(parent);
           if (!parent_manifest.ok()) {
             return parent_manifest.status().Annotate(StrCat("layer ", text, ": parent ", parent.Hex()));
           }
           stack.push_back({parent, std::move(*parent_manifest)});
         }
       } else {
-        bool match = stack.size() == manifest.parents.size();
-        for (size_t i = 0; match && i < stack.size(); ++i) match = stack[i].digest == manifest.parents[i];
+        bool match = stack.size() == manifest->parents.size();
+        for (size_t i = 0; match && i < stack.size(); ++i) match = stack[i].digest == manifest->parents[i];
         if (!match) {
           std::vector<std::string> want, got;
-          for (const auto& p : manifest.parents) want.push_back(p.Hex().substr(0, 12));
+          for (const auto& p : manifest->parents) want.push_back(p.Hex().substr(0, 12));
           for (const auto& l : stack) got.push_back(l.digest.Hex().substr(0, 12));
           return Error(EINVAL, StrCat("layer stack: diff ", text, " was made on [", Join(want, ", "),
                                       "] (bottom first) but the layers below it are [", Join(got, ", "),

@@ -54,10 +54,10 @@ struct StoreSettings {
   Compression compression;  // of the chunks pushed without --compress
 };
 
-// A layer of a resolved stack.
+// A layer of a resolved stack. The manifest is shared (Catalog::SharedManifest).
 struct StackLayer {
   Digest128 digest;
-  Manifest manifest;
+  std::shared_ptr<const Manifest> manifest;
 };
 
 class Catalog {
@@ -77,8 +77,16 @@ class Catalog {
   Result<Digest128> Resolve(const LayerRef& ref) const;
   Result<Digest128> Resolve(std::string_view ref) const;
 
-  // Fetches the manifest and checks that it hashes to `digest`.
-  Result<Manifest> GetManifest(const Digest128& digest) const;
+  // Fetches the manifest and checks that it hashes to `digest`; `text`,
+  // when given, receives it as stored (canonical JSON).
+  Result<Manifest> GetManifest(const Digest128& digest, std::string* text = nullptr) const;
+  // The same, parsed once per process: a manifest is named by its content,
+  // so one parse serves every store and every caller. It stays while anyone
+  // holds it, and the last kManifestsKept asked for besides. A layer of
+  // 10,000 extents takes some 35 ms to parse and 350 KB to hold, which a
+  // sandbox created or adopted with it would otherwise pay each time.
+  Result<std::shared_ptr<const Manifest>> SharedManifest(const Digest128& digest) const;
+  static constexpr size_t kManifestsKept = 16;
   Result<bool> HasManifest(const Digest128& digest) const;
   // Stores the manifest (idempotent) and returns its digest.
   Result<Digest128> PutManifest(const Manifest& manifest) const;

@@ -127,7 +127,7 @@ Result<PackReport> PackUpper(const PackOptions& options, const cache::Catalog& c
                                .kind = cache::LayerKind::kDiff,
                                .name = !options.name.empty() ? options.name : options.tag ? options.tag->name : "",
                                .parents = parent_digests,
-                               .chunk_size = stack->back().manifest.chunk_size};
+                               .chunk_size = stack->back().manifest->chunk_size};
   WriteHooks hooks{[&](const std::string& rel) { return (*reader)->OpenFile(rel); }};
   auto packed = BuildAndPublish(**tree, *parents, hooks, [&] { return (*reader)->CheckUnchanged(); }, build,
                                 options.tag, options.publish, options.parallel, catalog, std::move(report));

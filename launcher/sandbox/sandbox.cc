@@ -429,7 +429,7 @@ Result<std::unique_ptr<Sandbox>> Sandbox::Adopt(const std::string& id, const Nod
   if (auto store = cache::OpenStore(sb->store_url_); store.ok()) {
     cache::Catalog catalog(*store);
     for (const auto& d : sb->held_) {
-      auto m = catalog.GetManifest(d);
+      auto m = catalog.SharedManifest(d);
       if (m.ok()) sb->stack_.push_back({d, std::move(*m)});
     }
   }
@@ -490,7 +490,7 @@ Status Sandbox::SaveState(const json& changes) { return MergeSandboxState(dir_, 
 json Sandbox::Info() const {
   json layers = json::array();
   for (const auto& l : stack_) {
-    layers.push_back({{"digest", l.digest.Hex()}, {"kind", cache::LayerKindName(l.manifest.kind)}, {"name", l.manifest.name}});
+    layers.push_back({{"digest", l.digest.Hex()}, {"kind", cache::LayerKindName(l.manifest->kind)}, {"name", l.manifest->name}});
   }
   return {{"id", id_},
           {"backend", spec_.backend},

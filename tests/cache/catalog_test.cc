@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include "common/strings.h"
 #include "tests/testing/test_util.h"
 
 namespace strata::cache {
@@ -110,6 +111,35 @@ TEST_F(CatalogTest, ManifestsAreCheckedAgainstTheirDigest) {
   EXPECT_EQ(catalog_->GetManifest(d).status().code(), EBADMSG);
   auto missing = catalog_->GetManifest(HashBytes(std::string_view("nope")));
   EXPECT_EQ(missing.status().code(), ENOENT);
+}
+
+TEST_F(CatalogTest, SharedManifestsAreParsedOncePerProcess) {
+  Manifest m = SampleManifest("shared-" + dir_.path());  // unique to this run
+  Digest128 d = Put(m);
+  std::string text;
+  ASSERT_OK(catalog_->GetManifest(d, &text).status());
+  EXPECT_EQ(HashBytes(text), d);  // as stored
+  ASSERT_OK_AND_ASSIGN(auto a, catalog_->SharedManifest(d));
+  EXPECT_EQ(a->ToJson(), m.ToJson());
+  // Named by content: another catalog, another store object, the same copy.
+  ASSERT_OK_AND_ASSIGN(auto store, OpenStore(dir_.path()));
+  Catalog other(store);
+  ASSERT_OK_AND_ASSIGN(auto b, other.SharedManifest(d));
+  EXPECT_EQ(a.get(), b.get());
+  // Once nobody holds it and enough others were asked for, it is let go.
+  std::weak_ptr<const Manifest> weak = a;
+  a.reset();
+  b.reset();
+  for (size_t i = 0; i < Catalog::kManifestsKept; ++i) {
+    Digest128 o = Put(SampleManifest(StrCat("other-", i, "-", dir_.path())));
+    ASSERT_OK(catalog_->SharedManifest(o).status());
+  }
+  EXPECT_TRUE(weak.expired());
+  // A manifest that does not hash to its name is refused, and not kept.
+  Digest128 bad = Put(SampleManifest("bad-" + dir_.path()));
+  ASSERT_OK(catalog_->store().Put(Catalog::ManifestKey(bad), m.ToJson()));
+  EXPECT_EQ(catalog_->SharedManifest(bad).status().code(), EBADMSG);
+  EXPECT_EQ(catalog_->SharedManifest(bad).status().code(), EBADMSG);
 }
 
 TEST_F(CatalogTest, TagsPointAtLayers) {
