@@ -40,6 +40,8 @@ class ContainerBackend : public Backend {
   const std::string id_, dir_, rootfs_;
   const bool fncall_;
   std::optional<UpperVolume> upper_;
+  // The root on the host: mounted while the runtime starts, then the
+  // container's alone (an adopted one of an older daemon's stays till destroy).
   MountPoint overlay_;
   std::optional<Subprocess> runtime_;  // a one-shot launcher's, while it runs
   bool destroyed_ = false;

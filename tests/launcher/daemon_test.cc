@@ -42,6 +42,9 @@ TEST_F(DaemonTest, ASandboxLivesThroughManyCommands) {
   StartDaemon();
   std::string id = Create({"--memory", "64M"});
   ASSERT_TRUE(id.starts_with("sb-")) << id;
+  // Its root is the container's alone: the node's mount table, which each
+  // create's runtime copies, holds none of it.
+  for (const auto& line : Lines("/proc/self/mountinfo")) EXPECT_EQ(line.find(id), std::string::npos) << line;
 
   ASSERT_OK_AND_ASSIGN(auto r, Cli({"exec", id, "--", "sh", "-c", "echo out; echo err >&2; exit 3"}));
   EXPECT_EQ(r.exit_code, 3) << r.err;
