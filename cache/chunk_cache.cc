@@ -29,6 +29,10 @@ namespace strata::cache {
 struct ChunkCache::OpenChunk {
   UniqueFd fd;
   uint64_t size = 0;
+  // Set (after `fd`) once the chunk is in its file: readers then read the
+  // file without loading `bytes`, whose atomic load takes a lock.
+  std::atomic<bool> on_disk{false};
+  // Until then, its checked bytes.
   std::atomic<std::shared_ptr<const std::string>> bytes;
 };
 
@@ -131,9 +135,12 @@ Result<size_t> ChunkCache::Handle::Read(uint64_t offset, std::span<char> out) co
   if (!chunk_) return Error(EINVAL, "read of an empty chunk handle");
   if (offset >= chunk_->size) return size_t{0};
   size_t want = static_cast<size_t>(std::min<uint64_t>(out.size(), chunk_->size - offset));
-  if (auto bytes = chunk_->bytes.load()) {
-    std::memcpy(out.data(), bytes->data() + offset, want);
-    return want;
+  if (!chunk_->on_disk.load(std::memory_order_acquire)) {
+    if (auto bytes = chunk_->bytes.load()) {
+      std::memcpy(out.data(), bytes->data() + offset, want);
+      return want;
+    }
+    // (cleared after `on_disk` was set: the file is there)
   }
   return PreadFull(chunk_->fd.get(), out.first(want), offset);
 }
@@ -348,6 +355,7 @@ std::shared_ptr<ChunkCache::OpenChunk> ChunkCache::OpenCached(const Digest128& i
   if (fd < 0) return nullptr;
   auto chunk = std::make_shared<OpenChunk>();
   chunk->fd.reset(fd);
+  chunk->on_disk.store(true, std::memory_order_relaxed);  // (published with the chunk)
   struct stat st;
   if (::fstat(fd, &st) != 0) return nullptr;
   chunk->size = static_cast<uint64_t>(st.st_size);
@@ -517,6 +525,7 @@ bool ChunkCache::RunFetch(const Digest128& id, ObjectStore& store, uint64_t size
   auto file = Insert(id, *bytes);
   if (file.ok()) {
     chunk->fd = std::move((*file)->fd);
+    chunk->on_disk.store(true, std::memory_order_release);
     chunk->bytes.store(nullptr);  // readers holding `bytes` keep them until done
   } else {
     // Served, but not cached: the next reader fetches it again.
