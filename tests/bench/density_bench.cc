@@ -5,7 +5,9 @@
 //     create -> exec -> destroy cycles, 8 in flight, where the pool has to
 //     refill (a refill costs what a cold create costs);
 //   - creation rate (create -> exec -> destroy, 8 in flight) with none,
-//     IDLE/3 and IDLE idle sandboxes running;
+//     IDLE/3 and IDLE idle sandboxes running, also per core left by the
+//     machine's PID 1 (on the development VM a supervisor that polls every
+//     process: its CPU grows with the number of processes, strata's or not);
 //   - memory per idle sandbox (MemAvailable drop / IDLE, page cache
 //     dropped) against IDLE idle crun containers of crun's default spec
 //     (`crun spec`: pid, mount, network, ipc and uts namespaces of their
@@ -15,6 +17,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <map>
@@ -69,6 +72,27 @@ Snapshot TakeSnapshot() {
 // What one more memory cgroup costs in kmalloc-1k (KiB, median of 5):
 // mostly its shrinker slots, one 1 KiB block per 64 memory-cgroup-aware
 // shrinkers (a superblock has one) the node has held at once since boot.
+// CPU seconds PID 1 has used, and its name.
+double Pid1Seconds() {
+  std::ifstream in("/proc/1/stat");
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const size_t close = text.rfind(')');
+  if (close == std::string::npos) return 0;
+  std::istringstream f(text.substr(close + 2));
+  std::string field;
+  double ticks = 0;
+  for (int i = 0; i < 13 && f >> field; ++i) {
+    if (i >= 11) ticks += std::stod(field);  // utime, stime
+  }
+  return ticks / static_cast<double>(::sysconf(_SC_CLK_TCK));
+}
+
+std::string Pid1Name() {
+  std::string name = ReadFileToString("/proc/1/comm").value_or("?");
+  while (!name.empty() && name.back() == '\n') name.pop_back();
+  return name;
+}
+
 double NewMemoryCgroupKiB() {
   auto kmalloc_1k = [] {
     std::ifstream slab("/proc/slabinfo");
@@ -209,6 +233,7 @@ int Body(int argc, char** argv) {
   std::fprintf(stderr, "density_bench: %d idle sandboxes...\n", idle);
   const int rate_cycles = 64;
   std::vector<Figures> rates;
+  std::vector<double> pid1_cores;  // PID 1's CPU during each, in cores
   std::vector<int> at;
   std::vector<std::string> held(static_cast<size_t>(idle));
   const Snapshot before_snap = TakeSnapshot();
@@ -223,7 +248,11 @@ int Body(int argc, char** argv) {
       made = target;
     }
     at.push_back(made);
+    const double cpu0 = Pid1Seconds();
+    const auto t0 = std::chrono::steady_clock::now();
     rates.push_back(Measure(rate_cycles, kInFlight, cycle));
+    const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    pid1_cores.push_back(wall > 0 ? (Pid1Seconds() - cpu0) / wall : 0);
   }
   const Snapshot idle_snap = TakeSnapshot();
   const uint64_t with_idle = static_cast<uint64_t>(idle_snap.at("meminfo MemAvailable"));
@@ -300,6 +329,14 @@ int Body(int argc, char** argv) {
     t.Add({StrCat("create -> exec -> destroy, ", at[i], " idle running"), Fixed(rates[i].p50_ms, 1), Fixed(rates[i].p99_ms, 1),
            Fixed(rates[i].per_second, 1), "same, none running", Fixed(rates[0].p50_ms, 1), Fixed(rates[0].per_second, 1),
            Fixed(rates[i].per_second / rates[0].per_second, 2) + " (rate)"});
+  }
+  // The same per core that PID 1 left to everything else.
+  const double cores = static_cast<double>(std::thread::hardware_concurrency());
+  auto per_core = [&](size_t i) { return rates[i].per_second / std::max(0.1, cores - pid1_cores[i]); };
+  for (size_t i = 1; i < rates.size(); ++i) {
+    t.Add({StrCat("the same per core PID 1 (", Pid1Name(), ") left: ", Fixed(cores - pid1_cores[i], 2), " of ", Fixed(cores, 0)),
+           "", "", Fixed(per_core(i), 1), StrCat("same, none running: ", Fixed(cores - pid1_cores[0], 2), " left"), "",
+           Fixed(per_core(0), 1), Fixed(per_core(i) / per_core(0), 2) + " (rate)"});
   }
   t.Add({StrCat("exec true in each of ", idle, " idle"), Fixed(answer.p50_ms, 2), Fixed(answer.p99_ms, 2), Fixed(answer.per_second, 1), "", "", "", ""});
   t.Add({StrCat("create the last ", idle - idle / 3, " idle"), Fixed(fill.p50_ms, 1), Fixed(fill.p99_ms, 1), Fixed(fill.per_second, 1), "", "", "", ""});
