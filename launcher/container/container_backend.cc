@@ -224,7 +224,12 @@ Status ContainerBackend::Start(const BackendStart& start) {
 }
 
 void ContainerBackend::Adopt(const json&) {
-  if (IsMountPoint(rootfs_)) overlay_ = MountPoint::Adopt(rootfs_);
+  // A root still mounted here is an older daemon's habit (or a create that
+  // was cut short): a container that runs has its own, so ours goes now.
+  if (IsMountPoint(rootfs_)) {
+    Status s = MountPoint::Adopt(rootfs_).Unmount();
+    if (!s.ok()) STRATA_LOG(kWarn) << "sandbox " << id_ << ": " << s.ToString();
+  }
   if (auto uppers = UpperStore::Open(node_.uppers); uppers.ok()) {
     if (auto volume = uppers->Adopt(id_); volume.ok()) upper_.emplace(std::move(*volume));
   }

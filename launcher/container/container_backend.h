@@ -41,7 +41,7 @@ class ContainerBackend : public Backend {
   const bool fncall_;
   std::optional<UpperVolume> upper_;
   // The root on the host: mounted while the runtime starts, then the
-  // container's alone (an adopted one of an older daemon's stays till destroy).
+  // container's alone.
   MountPoint overlay_;
   std::optional<Subprocess> runtime_;  // a one-shot launcher's, while it runs
   bool destroyed_ = false;

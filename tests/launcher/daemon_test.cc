@@ -1,6 +1,7 @@
 // System tests of the launcher daemon: its API and CLI verbs, access
 // control, and recovery after the daemon is killed.
 #include <dirent.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -8,6 +9,7 @@
 #include <mutex>
 
 #include "common/http_server.h"
+#include "common/mount.h"
 #include "launcher/api/client.h"
 #include "launcher/api/server.h"
 #include "launcher/container/oci_config.h"
@@ -246,7 +248,13 @@ TEST_F(DaemonTest, ARestartedDaemonReadoptsLiveSandboxesAndRemovesDeadOnes) {
 
   StopDaemon(SIGKILL);
   KillSandboxProcesses(dead);
+  // A root left mounted on the host, as daemons before 2026-12-03 kept
+  // them, is unmounted when its sandbox is adopted; the sandbox runs on.
+  const std::string live_root = dir_.Sub("run/" + live + "/rootfs");
+  ASSERT_OK_AND_ASSIGN(MountPoint left, MountPoint::Mount(live_root, live_root, "", MS_BIND, ""));
+  left.Release();
   StartDaemon();
+  EXPECT_FALSE(IsMountPoint(live_root));
 
   ASSERT_OK_AND_ASSIGN(auto ls, Cli({"ls", "--json"}));
   std::map<std::string, std::string> states;
