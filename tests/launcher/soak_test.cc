@@ -129,7 +129,6 @@ TEST_F(SoakTest, CyclesWithKilledSandboxesAndDaemonsLeaveNothingBehind) {
   };
   std::vector<std::thread> workers;
   for (int w = 0; w < kInFlight; ++w) workers.emplace_back(worker, w);
-  std::vector<Sample> samples;
   int next_sample = 500, next_kill = 1000;
   while (done < total) {
     std::this_thread::sleep_for(100ms);
@@ -141,7 +140,12 @@ TEST_F(SoakTest, CyclesWithKilledSandboxesAndDaemonsLeaveNothingBehind) {
       next_kill += 1000;
     }
     if (done >= next_sample) {
-      samples.push_back(Take(done));
+      // Printed as taken: a long run shows how it goes, and one cut short
+      // (a timeout) keeps its figures.
+      const Sample s = Take(done);
+      std::fprintf(stderr, "soak: %6d cycles: daemon fds %zu, mounts %zu, sandbox cgroups %zu, subvolumes %zu, processes %zu, MemAvailable %llu KiB\n",
+                   s.cycles, s.daemon_fds, s.mounts, s.cgroups, s.subvolumes, s.processes,
+                   static_cast<unsigned long long>(s.mem_available_kib));
       next_sample += 500;
     }
   }
@@ -153,11 +157,6 @@ TEST_F(SoakTest, CyclesWithKilledSandboxesAndDaemonsLeaveNothingBehind) {
   for (int i = 0; i < 600 && !client_->WarmPools().value_or(json::array()).empty(); ++i) std::this_thread::sleep_for(100ms);
   EXPECT_TRUE(client_->List().value_or(json::array({1})).empty());
   const Sample end = Take(total);
-  for (const auto& s : samples) {
-    std::fprintf(stderr, "soak: %6d cycles: daemon fds %zu, mounts %zu, sandbox cgroups %zu, subvolumes %zu, processes %zu, MemAvailable %llu KiB\n",
-                 s.cycles, s.daemon_fds, s.mounts, s.cgroups, s.subvolumes, s.processes,
-                 static_cast<unsigned long long>(s.mem_available_kib));
-  }
   std::fprintf(stderr, "soak: start: daemon fds %zu, mounts %zu; end: daemon fds %zu, mounts %zu, MemAvailable %+lld KiB\n", start.daemon_fds,
                start.mounts, end.daemon_fds, end.mounts,
                static_cast<long long>(end.mem_available_kib) - static_cast<long long>(start.mem_available_kib));
