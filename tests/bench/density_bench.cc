@@ -69,13 +69,9 @@ Snapshot TakeSnapshot() {
   return s;
 }
 
-// What one more memory cgroup costs in kmalloc-1k (KiB, median of 5):
-// mostly its shrinker slots, one 1 KiB block per 64 memory-cgroup-aware
-// shrinkers (a superblock has one) the node has held at once since boot.
 // CPU seconds PID 1 has used, and its name.
 double Pid1Seconds() {
-  std::ifstream in("/proc/1/stat");
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string text = ReadFileToString("/proc/1/stat").value_or("");
   const size_t close = text.rfind(')');
   if (close == std::string::npos) return 0;
   std::istringstream f(text.substr(close + 2));
@@ -93,6 +89,9 @@ std::string Pid1Name() {
   return name;
 }
 
+// What one more memory cgroup costs in kmalloc-1k (KiB, median of 5):
+// mostly its shrinker slots, one 1 KiB block per 64 memory-cgroup-aware
+// shrinkers (a superblock has one) the node has held at once since boot.
 double NewMemoryCgroupKiB() {
   auto kmalloc_1k = [] {
     std::ifstream slab("/proc/slabinfo");
