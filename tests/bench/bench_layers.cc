@@ -27,19 +27,21 @@ BusyboxLayer PublishBusybox() {
   return l;
 }
 
-Subprocess StartBenchDaemon(const BusyboxLayer& layer) {
+BenchDaemon::BenchDaemon(const BusyboxLayer& layer) : layer_(layer) {
   const TempDir& dir = layer.dir;
   const std::vector<std::string> env = {"STRATA_STORE=" + layer.store, "STRATA_LAZYFS_SOCKET=" + dir.Sub("lazyfs.sock"),
                                         "STRATA_CACHE=" + dir.Sub("cache"), "STRATA_RUN_DIR=" + dir.Sub("run"),
                                         "STRATA_CGROUP_PARENT=strata-bench"};
-  Subprocess daemon = Check(Subprocess::Start({.argv = {SelfDir() + "/../../launcher/launcher", "serve", "--socket", dir.Sub("launcher.sock"),
-                                                        "--state", dir.Sub("state")},
-                                               .env = env, .stdout_mode = StdStream::kNull, .stderr_mode = StdStream::kFile,
-                                               .stderr_file = dir.Sub("daemon.log")}));
+  process_.emplace(Check(Subprocess::Start({.argv = {SelfDir() + "/../../launcher/launcher", "serve", "--socket", dir.Sub("launcher.sock"),
+                                                     "--state", dir.Sub("state")},
+                                            .env = env, .stdout_mode = StdStream::kNull, .stderr_mode = StdStream::kFile,
+                                            .stderr_file = dir.Sub("daemon.log")})));
   launcher::LauncherClient client(dir.Sub("launcher.sock"));
   for (int i = 0; i < 500 && !client.Alive(); ++i) ::usleep(10000);
-  if (!client.Alive()) Check(Error(EIO, "the daemon did not start; see " + dir.Sub("daemon.log")));
-  return daemon;
+  if (!client.Alive()) {
+    Stop();  // (a throwing constructor runs no destructor)
+    Check(Error(EIO, "the daemon did not start; see " + dir.Sub("daemon.log")));
+  }
 }
 
 void ExecOk(launcher::LauncherClient& client, const std::string& id, const nlohmann::json& request) {
@@ -47,10 +49,19 @@ void ExecOk(launcher::LauncherClient& client, const std::string& id, const nlohm
   if (r.exit_code != 0) Check(Error(EIO, "exec in " + id + " failed"));
 }
 
-void StopBenchDaemon(Subprocess& daemon, const BusyboxLayer& layer) {
-  daemon.Kill(SIGTERM);
-  daemon.Wait().status().IgnoreError();
-  const std::string lazyfs = "lazyfs daemon --socket " + layer.dir.Sub("lazyfs.sock");
+void BenchDaemon::Stop() {
+  if (!process_) return;
+  {
+    // What a bench step that threw left (after a clean run: nothing).
+    launcher::LauncherClient client(layer_.dir.Sub("launcher.sock"));
+    if (auto list = client.List(); list.ok()) {
+      for (const auto& sb : *list) client.Destroy(sb.value("id", "")).IgnoreError();
+    }
+  }
+  process_->Kill(SIGTERM);
+  process_->Wait().status().IgnoreError();
+  process_.reset();
+  const std::string lazyfs = "lazyfs daemon --socket " + layer_.dir.Sub("lazyfs.sock");
   RunCommand({.argv = {"pkill", "-TERM", "-f", lazyfs}}).status().IgnoreError();
   for (int i = 0; i < 500 && RunCommand({.argv = {"pgrep", "-f", lazyfs}})->success(); ++i) ::usleep(10000);
   for (const char* controller : {"blkio", "cpu", "cpuacct", "cpuset", "devices", "freezer", "hugetlb", "memory", "pids", "systemd", "unified"}) {

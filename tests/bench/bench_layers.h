@@ -2,6 +2,7 @@
 // a fresh directory, built and published as the layer bench:1.
 #pragma once
 
+#include <optional>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -23,10 +24,22 @@ BusyboxLayer PublishBusybox();
 
 // The launcher daemon on `layer`'s store, with its own socket
 // (`layer.dir`/launcher.sock), run directory, lazyfs and cgroup parent
-// strata-bench; answering when this returns.
-Subprocess StartBenchDaemon(const BusyboxLayer& layer);
-// Stops it and its lazyfs daemon and removes their cgroups.
-void StopBenchDaemon(Subprocess& daemon, const BusyboxLayer& layer);
+// strata-bench; answering once constructed. Stop(), or the destructor
+// when a bench step threw, destroys the sandboxes it still holds, stops it
+// and its lazyfs daemon (which outlives it otherwise, with its mounts) and
+// removes their cgroups.
+class BenchDaemon {
+ public:
+  explicit BenchDaemon(const BusyboxLayer& layer);
+  BenchDaemon(const BenchDaemon&) = delete;
+  BenchDaemon& operator=(const BenchDaemon&) = delete;
+  ~BenchDaemon() { Stop(); }
+  void Stop();
+
+ private:
+  const BusyboxLayer& layer_;
+  std::optional<Subprocess> process_;
+};
 
 // Runs `request` in sandbox `id`, output dropped; throws unless it exits 0.
 void ExecOk(launcher::LauncherClient& client, const std::string& id, const nlohmann::json& request);

@@ -44,7 +44,7 @@ static int Body(int argc, char** argv) {
   const std::string& store = layer.store;
 
   // The daemon, on its own socket, run directory and cgroup parent.
-  Subprocess daemon = StartBenchDaemon(layer);
+  BenchDaemon daemon(layer);
   launcher::LauncherClient client(dir.Sub("launcher.sock"));
   const json spec = {{"layers", {"bench:1"}}, {"store", store}};
   const json true_cmd = {{"argv", {"true"}}};
@@ -128,7 +128,7 @@ static int Body(int argc, char** argv) {
     RunCommand({.argv = {"crun", "delete", "--force", StrCat(tag, "idle-", i)}}).status().IgnoreError();
   });
 
-  StopBenchDaemon(daemon, layer);
+  daemon.Stop();
 
   auto kib_each = [&](uint64_t a, uint64_t b) { return a > b ? static_cast<double>(a - b) / idle : 0.0; };
   const double ours_kib = kib_each(before, with_idle), crun_kib = kib_each(before_crun, with_crun);

@@ -168,7 +168,7 @@ int Body(int argc, char** argv) {
   constexpr int kInFlight = 8;
   BusyboxLayer layer = PublishBusybox();
   const TempDir& dir = layer.dir;
-  Subprocess daemon = StartBenchDaemon(layer);
+  BenchDaemon daemon(layer);
   launcher::LauncherClient client(dir.Sub("launcher.sock"));
   // No limits, as crun's default spec has none.
   const json spec = {{"layers", {"bench:1"}}, {"store", layer.store}};
@@ -282,7 +282,7 @@ int Body(int argc, char** argv) {
   // Every one of them answers.
   Figures answer = Measure(idle, kInFlight, [&](int i) { exec_ok(held[static_cast<size_t>(i)]); });
   Measure(idle, kInFlight, [&](int i) { Check(client.Destroy(held[static_cast<size_t>(i)])); });
-  StopBenchDaemon(daemon, layer);
+  daemon.Stop();
 
   // crun's default spec on the same root, running sleep.
   std::fprintf(stderr, "density_bench: %d idle crun containers...\n", idle);

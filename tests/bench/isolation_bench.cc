@@ -26,7 +26,7 @@ static int Body(int argc, char** argv) {
   BusyboxLayer layer = PublishBusybox();
   const TempDir& dir = layer.dir;
 
-  Subprocess daemon = StartBenchDaemon(layer);
+  BenchDaemon daemon(layer);
   launcher::LauncherClient client(dir.Sub("launcher.sock"));
   const json spec = {{"layers", {"bench:1"}}, {"store", layer.store}};
   const json true_cmd = {{"argv", {"true"}}};
@@ -81,7 +81,7 @@ static int Body(int argc, char** argv) {
   flood.join();
   Check(client.Destroy(quiet));
 
-  StopBenchDaemon(daemon, layer);
+  daemon.Stop();
 
   std::printf("isolation: exec true through the API, %d execs one at a time per row\n", execs);
   Table t({"measure", "p50 ms", "p99 ms", "baseline", "baseline p50 ms", "baseline p99 ms", "p50 +ms", "p99 ratio"});

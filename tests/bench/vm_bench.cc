@@ -54,7 +54,7 @@ static int Body(int argc, char** argv) {
   if (::access(node.vm_kernel.c_str(), R_OK) != 0) Check(Error(ENOENT, "no guest kernel at " + node.vm_kernel + ": run scripts/guest-kernel"));
   BusyboxLayer layer = PublishBusybox();
   const TempDir& dir = layer.dir;
-  Subprocess daemon = StartBenchDaemon(layer);
+  BenchDaemon daemon(layer);
   launcher::LauncherClient client(dir.Sub("launcher.sock"));
   const json vm_spec = {{"layers", {"bench:1"}}, {"store", layer.store}, {"backend", "microvm"}, {"memory", 128 << 20}};
   const json ct_spec = {{"layers", {"bench:1"}}, {"store", layer.store}};
@@ -174,7 +174,7 @@ static int Body(int argc, char** argv) {
   if (const char* keep = std::getenv("VM_BENCH_DAEMON_LOG")) {  // (with STRATA_LOG=debug: each step's time)
     Check(WriteFileAtomic(keep, ReadFileToString(dir.Sub("daemon.log")).value_or(""), false));
   }
-  StopBenchDaemon(daemon, layer);
+  daemon.Stop();
 
   const double drop_kib = before > with_idle ? static_cast<double>(before - with_idle) / idle : 0;
   const double rss_kib = static_cast<double>(rss) / idle;
