@@ -145,7 +145,7 @@ Status ContainerBackend::Start(const BackendStart& start) {
   config.agent_binary = node_.agent_binary;
   config.agent_socket_dir = dir_ + "/agent";
   if (net) {
-    config.netns_path = net->netns;
+    config.netns_path = net->NamespacePath();
     config.resolv_conf = dir_ + "/resolv.conf";
   }
   // The agent's own environment (commands get the caller's): glibc keeps

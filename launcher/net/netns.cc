@@ -22,7 +22,6 @@
 #include <thread>
 
 #include "common/fs.h"
-#include "common/mount.h"
 #include "common/strings.h"
 #include "common/unique_fd.h"
 #include "launcher/net/policy.h"
@@ -168,36 +167,24 @@ Status InNetns(int ns_fd, const std::function<Status()>& fn) {
 
 }  // namespace
 
-Status PrepareNetnsDir(const std::string& dir) {
-  STRATA_RETURN_IF_ERROR(MakeDirs(dir, 0755));
-  if (!IsMountPoint(dir)) {
-    if (::mount(dir.c_str(), dir.c_str(), nullptr, MS_BIND, nullptr) != 0) return ErrnoError(errno, "bind " + dir + " to itself");
-  }
-  if (::mount("none", dir.c_str(), nullptr, MS_SHARED | MS_REC, nullptr) != 0) return ErrnoError(errno, "make " + dir + " shared");
-  return OkStatus();
-}
-
-Status CreateNetns(const std::string& path) {
-  {
-    UniqueFd f(::open(path.c_str(), O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0444));
-    if (f.get() < 0) return ErrnoError(errno, "create " + path);
-  }
-  Status result;
+Result<UniqueFd> CreateNetns() {
+  // On a thread of its own, which ends with the namespace it unshared
+  // (only the descriptor holds it then).
+  Result<UniqueFd> result = Error(EINVAL, "");
   std::thread t([&] {
     if (::unshare(CLONE_NEWNET) != 0) {
       result = ErrnoError(errno, "unshare a network namespace");
       return;
     }
-    if (::mount("/proc/thread-self/ns/net", path.c_str(), nullptr, MS_BIND, nullptr) != 0) {
-      result = ErrnoError(errno, "bind the new network namespace at " + path);
-    }
+    UniqueFd ns(::open("/proc/thread-self/ns/net", O_RDONLY | O_CLOEXEC));
+    if (!ns) result = ErrnoError(errno, "open the new network namespace");
+    else result = std::move(ns);
   });
   t.join();
-  if (!result.ok()) ::unlink(path.c_str());
   return result;
 }
 
-Status RemoveNetns(const std::string& path) {
+Status RemoveNetnsFile(const std::string& path) {
   if (::umount2(path.c_str(), MNT_DETACH) != 0 && errno != EINVAL && errno != ENOENT) {
     return ErrnoError(errno, "unmount " + path);
   }
@@ -206,8 +193,6 @@ Status RemoveNetns(const std::string& path) {
 }
 
 Status CreateSandboxLink(const SandboxLink& link) {
-  UniqueFd ns(::open(link.netns_path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (ns.get() < 0) return ErrnoError(errno, "open " + link.netns_path);
   STRATA_ASSIGN_OR_RETURN(Rtnl nl, Rtnl::Open());
   {
     nlmsghdr* h = nl.Begin(RTM_NEWLINK, NLM_F_CREATE | NLM_F_EXCL);
@@ -221,7 +206,7 @@ Status CreateSandboxLink(const SandboxLink& link) {
     auto* pifi = static_cast<ifinfomsg*>(mnl_nlmsg_put_extra_header(h, sizeof(ifinfomsg)));
     pifi->ifi_family = AF_UNSPEC;
     mnl_attr_put_strz(h, IFLA_IFNAME, "eth0");
-    mnl_attr_put_u32(h, IFLA_NET_NS_FD, static_cast<uint32_t>(ns.get()));
+    mnl_attr_put_u32(h, IFLA_NET_NS_FD, static_cast<uint32_t>(link.netns_fd));
     mnl_attr_nest_end(h, peer);
     mnl_attr_nest_end(h, data);
     mnl_attr_nest_end(h, info);
@@ -233,7 +218,7 @@ Status CreateSandboxLink(const SandboxLink& link) {
   STRATA_RETURN_IF_ERROR(SetUp(nl, host_index, link.host_if, link.owner));
   STRATA_RETURN_IF_ERROR(AddRoute(nl, link.address, 32, host_index, 0,
                                   StrCat("route ", Ipv4ToString(link.address), " to ", link.host_if)));
-  return InNetns(ns.get(), [&]() -> Status {
+  return InNetns(link.netns_fd, [&]() -> Status {
     WriteSysctl("/proc/sys/net/ipv6/conf/all/disable_ipv6", "1");
     WriteSysctl("/proc/sys/net/ipv6/conf/default/disable_ipv6", "1");
     // ICMP echo sockets for everyone in the sandbox (ping without raw
@@ -250,11 +235,9 @@ Status CreateSandboxLink(const SandboxLink& link) {
   });
 }
 
-Result<UniqueFd> OpenGuestTap(const std::string& netns_path, uint32_t address) {
-  UniqueFd ns(::open(netns_path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (ns.get() < 0) return ErrnoError(errno, "open " + netns_path);
+Result<UniqueFd> OpenGuestTap(int netns_fd, uint32_t address) {
   UniqueFd tap;
-  Status s = InNetns(ns.get(), [&]() -> Status {
+  Status s = InNetns(netns_fd, [&]() -> Status {
     STRATA_ASSIGN_OR_RETURN(Rtnl nl, Rtnl::Open());
     const int eth0 = static_cast<int>(::if_nametoindex("eth0"));
     if (eth0 == 0) return ErrnoError(errno, "find eth0 in the sandbox's namespace");
@@ -292,7 +275,7 @@ Result<UniqueFd> OpenGuestTap(const std::string& netns_path, uint32_t address) {
     if (tap_index == 0) return ErrnoError(errno, "find tap0 in the sandbox's namespace");
     return SetMaster(nl, tap_index, bridge, "tap0");
   });
-  if (!s.ok()) return s.Annotate("give sandbox network " + netns_path + " to its guest");
+  if (!s.ok()) return s.Annotate("give the sandbox's network to its guest");
   return tap;
 }
 

@@ -1,7 +1,13 @@
-// A sandbox's network plumbing: a named network namespace (a bind mount of
-// its nsfs file, owned by the node's user namespace, so the sandbox's root
-// cannot reconfigure it) and one veth pair towards the node. Links,
-// addresses and routes are set over rtnetlink (libmnl); nothing shells out.
+// A sandbox's network plumbing: a network namespace (owned by the node's
+// user namespace, so the sandbox's root cannot reconfigure it) and one
+// veth pair towards the node. Links, addresses and routes are set over
+// rtnetlink (libmnl); nothing shells out.
+//
+// The daemon holds a new namespace by a descriptor only until the
+// sandbox's processes (a container's, or QEMU's tap) hold it: no bind
+// mount per sandbox in the node's mount table, which every container
+// create copies, and nothing of a namespace outlives its users, also
+// after a crash (the veth goes with the namespace).
 #pragma once
 
 #include <cstdint>
@@ -12,19 +18,14 @@
 
 namespace strata::launcher {
 
-// Makes `dir` a shared mount of itself (as `ip netns` does for /run/netns),
-// so a namespace file unmounted there is unmounted in every mount namespace
-// copied from the node's: no copy keeps a namespace (and its veth) alive.
-Status PrepareNetnsDir(const std::string& dir);
-
-// A new network namespace, bound at `path` (a file that must not exist).
-Status CreateNetns(const std::string& path);
-// Unmounts and removes `path`; the namespace goes away with its last user.
-// Missing is fine.
-Status RemoveNetns(const std::string& path);
+// A new network namespace, held by the descriptor returned.
+Result<UniqueFd> CreateNetns();
+// What older daemons made: a namespace bound at `path`. Unmounts and
+// removes it; the namespace goes away with its last user. Missing is fine.
+Status RemoveNetnsFile(const std::string& path);
 
 struct SandboxLink {
-  std::string netns_path;
+  int netns_fd = -1;
   std::string host_if;     // the node's end, "sx" + the sandbox's hex
   std::string owner;       // its alias: which node made it (the rules' table)
   uint32_t address = 0;    // the sandbox's (a /32 on its eth0)
@@ -42,7 +43,7 @@ Status CreateSandboxLink(const SandboxLink& link);
 // of the veth as the namespace's own would; the node's routes and rules,
 // which know the address only, are unchanged. Returns the tap's descriptor
 // for the hypervisor: the tap goes away with its last descriptor.
-Result<UniqueFd> OpenGuestTap(const std::string& netns_path, uint32_t address);
+Result<UniqueFd> OpenGuestTap(int netns_fd, uint32_t address);
 
 // Deletes the node's end (the namespace's goes with it). Missing is fine.
 Status DeleteLink(const std::string& name);

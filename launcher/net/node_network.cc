@@ -50,9 +50,16 @@ Result<sockaddr_in> SystemDnsServer(const std::string& resolv_conf) {
   return Error(ENOENT, "find an IPv4 nameserver in " + resolv_conf + " for the sandboxes' DNS proxy (give --dns-upstream)");
 }
 
+std::string SandboxNet::NamespacePath() const {
+  if (ns && *ns) return StrCat("/proc/", ::getpid(), "/fd/", ns->get());
+  return "";
+}
+
 json SandboxNet::ToJson() const {
-  return {{"key", key}, {"netns", netns}, {"ifname", ifname}, {"address", Ipv4ToString(address)},
-          {"generation", generation}, {"policy", policy.ToJson()}};
+  json j = {{"key", key}, {"ifname", ifname}, {"address", Ipv4ToString(address)},
+            {"generation", generation}, {"policy", policy.ToJson()}};
+  if (!netns.empty()) j["netns"] = netns;
+  return j;
 }
 
 Result<SandboxNet> SandboxNet::FromJson(const json& j) {
@@ -62,7 +69,7 @@ Result<SandboxNet> SandboxNet::FromJson(const json& j) {
   n.netns = j.value("netns", "");
   n.ifname = j.value("ifname", "");
   auto a = ParseIpv4(j.value("address", ""));
-  if (!a || n.key.empty() || n.netns.empty() || n.ifname.empty()) return Error(EINVAL, "sandbox network state: incomplete");
+  if (!a || n.key.empty() || n.ifname.empty()) return Error(EINVAL, "sandbox network state: incomplete");
   n.address = *a;
   n.generation = j.value("generation", uint32_t{1});
   STRATA_ASSIGN_OR_RETURN(n.policy, NetPolicy::FromJson(j.value("policy", json())));
@@ -101,9 +108,7 @@ Result<std::shared_ptr<NodeNetwork>> NodeNetwork::Open(const NetworkConfig& conf
     for (char& ch : t) ch = (ch == '.' || ch == '/') ? '_' : ch;
     n->config_.table = t;
   }
-  STRATA_RETURN_IF_ERROR(PrepareNetnsDir(config.netns_dir).Annotate("sandbox networks"));
   n->config_.netns_dir = JoinPath(config.netns_dir, n->config_.table);
-  STRATA_RETURN_IF_ERROR(MakeDirs(n->config_.netns_dir, 0755).Annotate("sandbox networks"));
   STRATA_RETURN_IF_ERROR(EnsureGatewayAddress(config.gateway()).Annotate("sandbox networks: gateway"));
   DnsProxyConfig pc;
   pc.listen = config.gateway();
@@ -225,9 +230,12 @@ Result<NodeNetwork::Slot> NodeNetwork::Prepare() {
     STRATA_ASSIGN_OR_RETURN(slot.address, Allocate());
     reserved_.insert(slot.address);
   }
-  const std::string netns = JoinPath(config_.netns_dir, slot.key);
-  Status s = CreateNetns(netns);
-  if (s.ok()) s = CreateSandboxLink({netns, config_.if_prefix + slot.key, config_.table, slot.address, config_.gateway()});
+  auto ns = CreateNetns();
+  Status s = ns.status();
+  if (ns.ok()) {
+    slot.ns = std::make_shared<const UniqueFd>(std::move(*ns));
+    s = CreateSandboxLink({slot.ns->get(), config_.if_prefix + slot.key, config_.table, slot.address, config_.gateway()});
+  }
   if (!s.ok()) {
     DiscardSlot(slot);
     return s.Annotate("prepare a sandbox network");
@@ -236,10 +244,9 @@ Result<NodeNetwork::Slot> NodeNetwork::Prepare() {
 }
 
 void NodeNetwork::DiscardSlot(const Slot& slot) {
-  // The namespace's last reference goes with its file: the kernel then
-  // removes it and its veth pair in the background (deleting the veth
-  // here would wait out an RCU grace period, 10-20 ms).
-  RemoveNetns(JoinPath(config_.netns_dir, slot.key)).IgnoreError();
+  // The namespace goes with its last descriptor (the slot's, closed by its
+  // owner): the kernel then removes it and its veth pair in the background
+  // (deleting the veth here would wait out an RCU grace period, 10-20 ms).
   std::lock_guard lock(mu_);
   reserved_.erase(slot.address);
 }
@@ -287,7 +294,7 @@ Result<SandboxNet> NodeNetwork::Attach(const std::string& id, const NetPolicy& p
   net.key = slot->key;
   net.policy = policy;
   net.ifname = config_.if_prefix + slot->key;
-  net.netns = JoinPath(config_.netns_dir, slot->key);
+  net.ns = slot->ns;
   net.address = slot->address;
   net.generation = RandomGeneration();
   if (Status s = firewall_->AddSandbox({net.key, net.ifname, net.address, net.generation, policy}); !s.ok()) {
@@ -296,7 +303,9 @@ Result<SandboxNet> NodeNetwork::Attach(const std::string& id, const NetPolicy& p
   }
   std::lock_guard lock(mu_);
   reserved_.erase(net.address);
-  by_address_[net.address] = {id, net, {}};
+  SandboxNet kept = net;
+  kept.ns.reset();  // (the sandbox's to drop once its processes hold it)
+  by_address_[net.address] = {id, std::move(kept), {}};
   by_id_[id] = net.address;
   return net;
 }
@@ -312,6 +321,12 @@ Status NodeNetwork::Adopt(const std::string& id, const SandboxNet& net) {
     by_id_[id] = net.address;
   }
   if (!LinkExists(net.ifname)) return Error(ENOENT, "network of sandbox " + id + ": its interface " + net.ifname + " is gone");
+  // An older daemon's namespace file: the sandbox's processes hold the
+  // namespace; the file only held a mount in every container create's copy
+  // of the node's mount table.
+  if (!net.netns.empty()) {
+    if (Status s = RemoveNetnsFile(net.netns); !s.ok()) STRATA_LOG(kWarn) << "sandbox " << id << ": " << s.ToString();
+  }
   // The recorded policy is the truth (a crash may have come between
   // recording a change and making it): its rules are made again as
   // recorded, with the same generation, so open connections it admitted
@@ -373,10 +388,9 @@ Status NodeNetwork::Detach(const std::string& id, const SandboxNet& net) {
     rules_gone = s.ok();
     keep(std::move(s));
   }
-  // The veth goes with the namespace, in the background (see DiscardSlot);
-  // with no namespace file left (a half-removed sandbox), now.
-  if (::access(net.netns.c_str(), F_OK) != 0) keep(DeleteLink(net.ifname));
-  keep(RemoveNetns(net.netns));
+  // The veth goes with the namespace, in the background (see DiscardSlot),
+  // once the back end's processes are gone and the sandbox drops `ns`.
+  if (!net.netns.empty()) keep(RemoveNetnsFile(net.netns));  // (an older daemon's)
   proxy_->Forget(net.address);
   std::lock_guard lock(mu_);
   if (auto it = by_address_.find(net.address); it != by_address_.end() && it->second.id == id) by_address_.erase(it);
@@ -415,18 +429,20 @@ Status NodeNetwork::Reconcile() {
     std::lock_guard lock(mu_);
     for (const auto& [address, live] : by_address_) keys.insert(live.net.key);
   }
-  // Namespaces.
+  // Namespace files older daemons bound (adoption removed the adopted
+  // sandboxes' ones; their processes hold those namespaces).
   if (DIR* dir = ::opendir(config_.netns_dir.c_str())) {
     std::vector<std::string> gone;
     while (dirent* e = ::readdir(dir)) {
       std::string name = e->d_name;
-      if (name != "." && name != ".." && !keys.count(name)) gone.push_back(name);
+      if (name != "." && name != "..") gone.push_back(name);
     }
     ::closedir(dir);
     for (const auto& name : gone) {
-      STRATA_LOG(kInfo) << "removing network namespace " << name << " (no sandbox has it)";
-      RemoveNetns(JoinPath(config_.netns_dir, name)).IgnoreError();
+      STRATA_LOG(kInfo) << "removing network namespace file " << name << " (an older daemon's)";
+      RemoveNetnsFile(JoinPath(config_.netns_dir, name)).IgnoreError();
     }
+    ::rmdir(config_.netns_dir.c_str());
   }
   // Interfaces this node made (their alias names its table).
   if (DIR* dir = ::opendir("/sys/class/net")) {

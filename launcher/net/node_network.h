@@ -24,6 +24,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/status.h"
+#include "common/unique_fd.h"
 #include "launcher/net/dns_proxy.h"
 #include "launcher/net/firewall.h"
 #include "launcher/net/policy.h"
@@ -33,8 +34,8 @@ namespace strata::launcher {
 struct NetworkConfig {
   Cidr4 pool{0x0ad50000, 16};             // 10.213.0.0/16: .1 is the gateway
   std::string table;                      // empty: "strata_" and the pool (one per node)
-  // Namespace files live in netns_dir/TABLE (one directory per node; the
-  // host's one shared mount of netns_dir, as `ip netns` makes /run/netns).
+  // Where daemons before 2026-12 bound namespace files (netns_dir/TABLE):
+  // recovery removes what is left there.
   std::string netns_dir = "/run/strata/netns";
   std::string if_prefix = "sx";
   std::optional<sockaddr_in> dns_upstream;  // empty: the node's /etc/resolv.conf
@@ -53,12 +54,19 @@ Result<sockaddr_in> SystemDnsServer(const std::string& resolv_conf = "/etc/resol
 
 // One routed sandbox's plumbing.
 struct SandboxNet {
-  std::string key;         // 12 hex digits: names its namespace, veth and rules
-  std::string netns;       // its namespace file
+  std::string key;         // 12 hex digits: names its veth and rules
+  // Its namespace, held from Attach until the back end's processes hold
+  // it (Sandbox::Start drops it then); not recorded.
+  std::shared_ptr<const UniqueFd> ns;
+  std::string netns;       // a namespace file an older daemon bound (recorded; removed at adoption)
   std::string ifname;      // the node's end of its veth
   uint32_t address = 0;
   uint32_t generation = 1;
   NetPolicy policy;
+
+  // A path to the held namespace that another process (the runtime) can
+  // open while this one holds it.
+  std::string NamespacePath() const;
 
   nlohmann::json ToJson() const;
   static Result<SandboxNet> FromJson(const nlohmann::json& j);
@@ -102,6 +110,7 @@ class NodeNetwork {
   struct Slot {
     std::string key;
     uint32_t address = 0;
+    std::shared_ptr<const UniqueFd> ns;
   };
   Result<Slot> Prepare();
   void DiscardSlot(const Slot& slot);

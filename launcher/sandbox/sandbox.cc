@@ -286,10 +286,14 @@ Status Sandbox::Start(const SandboxSpec& spec) {
   // 3. The root over them, and the agent in it (the back end's).
   agent_ = std::make_unique<AgentClient>(dir_ + "/agent/" + kAgentSocketName);
   agent_->SetRulePaths(spec.files);
-  return backend_->Start({.spec = spec,
-                          .layers = (*acquired)["layers"],
-                          .agent = *agent_,
-                          .attach_network = [this, &spec] { return AttachNetwork(spec.network); }});
+  STRATA_RETURN_IF_ERROR(backend_->Start({.spec = spec,
+                                          .layers = (*acquired)["layers"],
+                                          .agent = *agent_,
+                                          .attach_network = [this, &spec] { return AttachNetwork(spec.network); }}));
+  // Its processes (a container's, or QEMU's tap) hold its network
+  // namespace now: it goes with them (and its veth with it).
+  if (net_) net_->ns.reset();
+  return OkStatus();
 }
 
 void Sandbox::FillDefaults(ExecRequest& request) const {

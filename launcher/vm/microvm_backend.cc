@@ -68,7 +68,8 @@ Status MicroVmBackend::Start(const BackendStart& start) {
   std::optional<SandboxNet> net;
   if (spec.network.routed()) {
     STRATA_ASSIGN_OR_RETURN(net, start.attach_network());
-    STRATA_ASSIGN_OR_RETURN(tap, OpenGuestTap(net->netns, net->address));
+    if (!net->ns) return Error(EINVAL, "network of sandbox " + id_ + ": no namespace held");
+    STRATA_ASSIGN_OR_RETURN(tap, OpenGuestTap(net->ns->get(), net->address));
     vm.tap_fd = tap.get();
     timer.Step("network");
   }

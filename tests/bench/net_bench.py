@@ -12,7 +12,6 @@ same run, on the tests' fake internet (tests/python/fake_internet.py):
     resolver straight from the node.
 Usage: /usr/bin/python3 tests/bench/net_bench.py [CYCLES]"""
 
-import json
 import os
 import statistics
 import subprocess
@@ -56,6 +55,17 @@ def remove_plain_namespace():
     subprocess.run(["ip", "netns", "del", PLAIN_NS], capture_output=True)
 
 
+def sandbox_pid(node, sandbox_id):
+    """A process of the sandbox (its agent), found in its cgroup."""
+    for top, _, files in os.walk(f"/sys/fs/cgroup/pids/{node.cgroup}/{sandbox_id}"):
+        if "cgroup.procs" in files:
+            with open(os.path.join(top, "cgroup.procs")) as f:
+                pids = f.read().split()
+            if pids:
+                return int(pids[0])
+    raise RuntimeError(f"no process of sandbox {sandbox_id} in its cgroup")
+
+
 def main():
     cycles = int(sys.argv[1]) if len(sys.argv) > 1 else 30
     net = FakeInternet(ttl=300).start()
@@ -90,8 +100,7 @@ def main():
                 # The sandbox's own namespace, entered from the node: the same
                 # path (veth, rules, NAT) without the container's costs
                 # (seccomp on every system call, cgroups).
-                with open(os.path.join(node.root, "run", sb.id, "state.json")) as f:
-                    netns = json.load(f)["net"]["netns"]
+                netns = f"/proc/{sandbox_pid(node, sb.id)}/ns/net"
                 ours_c, path_c, base_c, ours_d, base_d = [], [], [], [], []
                 for _ in range(15):
                     ours_c.append(float(sb.exec(["/tmp/net_probe", "connect", a, "80", "100"]).stdout.split()[0]))
