@@ -95,6 +95,12 @@ Result<std::unique_ptr<SandboxManager>> SandboxManager::Open(NodeConfig node, co
   STRATA_RETURN_IF_ERROR(MakeDirs(state_dir, 0700));
   LmdbEnv::Options o;
   o.map_size = size_t{256} << 20;
+  // One sync per commit, not two (the meta page's waits for the next
+  // commit): a machine crash may undo the last commit, never corrupt the
+  // registry. What it undoes is recovered like any crash: a sandbox made
+  // without its record is "unrecorded", an upper without one is removed,
+  // and every sandbox died with the machine anyway.
+  o.flags = MDB_NOMETASYNC;
   STRATA_ASSIGN_OR_RETURN(m->env_, LmdbEnv::Open(state_dir, o));
   {
     STRATA_ASSIGN_OR_RETURN(LmdbTxn txn, LmdbTxn::Begin(m->env_, false));
@@ -218,8 +224,8 @@ Result<std::shared_ptr<Sandbox>> SandboxManager::Container(Entry& entry, const c
   return entry.sandbox;
 }
 
-// Durable when they return: the registry is opened without MDB_NOSYNC, so
-// each commit is synced.
+// Durable when they return against a crash of the daemon, and against a
+// crash of the machine for all but the last commit (MDB_NOMETASYNC, Open).
 Status SandboxManager::Record(const std::string& id, const json& record) {
   STRATA_ASSIGN_OR_RETURN(LmdbTxn txn, LmdbTxn::Begin(env_, false));
   STRATA_RETURN_IF_ERROR(txn.Put(db_, id, record.dump()).status());
@@ -630,6 +636,7 @@ json SandboxManager::WarmPools() {
 
 Result<std::optional<json>> SandboxManager::TakeWarm(const SandboxSpec& spec, const std::string& owner) {
   if (!Pooled(spec.backend)) return std::optional<json>();
+  StepTimer timer(spec.id);
   const std::string key = WarmKey(spec);
   std::shared_ptr<WarmPool> pool;
   std::shared_ptr<Sandbox> sb;
@@ -644,6 +651,7 @@ Result<std::optional<json>> SandboxManager::TakeWarm(const SandboxSpec& spec, co
       last_take_ = std::chrono::steady_clock::now();
     }
     warm_cv_.notify_all();  // a filler makes the next one
+    timer.Step("take from the warm pool");
     if (sb->Alive()) break;
     // Its agent died while it waited (killed, out of memory): the next one.
     STRATA_LOG(kWarn) << "warm pool " << pool->name << ": sandbox " << sb->id() << " does not answer; removing it";
@@ -656,7 +664,9 @@ Result<std::optional<json>> SandboxManager::TakeWarm(const SandboxSpec& spec, co
     Forget(sb->id()).IgnoreError();
     return s;
   };
+  timer.Step("ask its agent");
   if (Status s = sb->Assign(spec); !s.ok()) return give_back(s);
+  timer.Step("assign");
   {
     // One transaction: the sandbox is the pool's or the create's, never both.
     const json record = {{"status", "running"}, {"created", ::time(nullptr)}, {"owner", owner}, {"ttl", spec.ttl_seconds},
@@ -668,6 +678,7 @@ Result<std::optional<json>> SandboxManager::TakeWarm(const SandboxSpec& spec, co
     if (s.ok()) s = txn->Commit();
     if (!s.ok()) return give_back(s.Annotate("record sandbox " + spec.id));
   }
+  timer.Step("record");
   auto entry = std::make_shared<Entry>();
   entry->id = spec.id;
   entry->warm_pool = pool->name;
