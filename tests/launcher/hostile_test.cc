@@ -32,6 +32,14 @@ class HostileTest : public DaemonFixture {
     in >> v;
     return v;
   }
+  // Forks the commands' cgroup has refused (pids.events, "max N").
+  int64_t RefusedForks(const std::string& id) {
+    std::ifstream in(StrCat("/sys/fs/cgroup/pids/", cgroup_parent_, "/", id, "/commands/pids.events"));
+    std::string key;
+    int64_t v = -1;
+    in >> key >> v;
+    return key == "max" ? v : -1;
+  }
   // What the trainer needs from a sandbox, whatever its agent did.
   void ExpectControllable(const std::string& id, const std::string& what) {
     auto exec = Sh(id, "echo alive");
@@ -61,8 +69,14 @@ TEST_F(HostileTest, ForkBombsMemoryHogsAndSignalsLeaveTheSandboxControllable) {
   // commands may have stays taken.
   auto bomb = Sh(id, "(while :; do sleep 1000 & done) >/dev/null 2>&1 & echo started");
   EXPECT_EQ(bomb.out, "started\n") << bomb.err;
-  for (int i = 0; i < 750 && CgroupValue("pids", id, "commands/pids.current") < 60; ++i) ::usleep(20000);
+  // Until the bomb has filled the commands' cgroup (a fork refused): the
+  // check below that a command cannot fork must not race a bomb still
+  // filling it, which on a loaded machine takes seconds.
+  for (int i = 0; i < 1500 && (CgroupValue("pids", id, "commands/pids.current") < 60 || RefusedForks(id) < 1); ++i) {
+    ::usleep(20000);
+  }
   EXPECT_GE(CgroupValue("pids", id, "commands/pids.current"), 60);
+  EXPECT_GE(RefusedForks(id), 1);
   ExpectControllable(id, "fork bomb");
   auto fork_fails = Sh(id, "sleep 0 && echo forked || echo no-fork");  // (the agent's own commands are at their limit)
   EXPECT_EQ(fork_fails.out.find("forked"), std::string::npos) << fork_fails.out << fork_fails.err;
