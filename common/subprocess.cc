@@ -64,6 +64,29 @@ std::string Tail(const std::string& s, size_t max = 2000) {
   return t;
 }
 
+// write() to a child's stdin without SIGPIPE: a child that closes its
+// stdin before reading it all is EPIPE here, whatever the calling
+// program's disposition of SIGPIPE (left as it is). The signal is blocked
+// for this thread while it writes, and one it raised is taken back.
+ssize_t WriteWithoutSigpipe(int fd, const void* data, size_t size) {
+  sigset_t pipe_only, old, pending;
+  sigemptyset(&pipe_only);
+  sigaddset(&pipe_only, SIGPIPE);
+  sigpending(&pending);
+  const bool already_pending = sigismember(&pending, SIGPIPE);
+  pthread_sigmask(SIG_BLOCK, &pipe_only, &old);
+  ssize_t w = ::write(fd, data, size);
+  const int saved = errno;
+  if (w < 0 && saved == EPIPE && !already_pending) {
+    timespec now{0, 0};
+    while (::sigtimedwait(&pipe_only, nullptr, &now) < 0 && errno == EINTR) {
+    }
+  }
+  pthread_sigmask(SIG_SETMASK, &old, nullptr);
+  errno = saved;
+  return w;
+}
+
 }  // namespace
 
 Result<Subprocess> Subprocess::Start(SubprocessOptions options) {
@@ -254,7 +277,7 @@ Result<SubprocessResult> Subprocess::Wait() {
     for (int i = 0; i < n; ++i) {
       if (!fds[i].revents) continue;
       if (stdin_ && fds[i].fd == stdin_.get()) {
-        ssize_t w = ::write(stdin_.get(), input.data() + input_done, input.size() - input_done);
+        ssize_t w = WriteWithoutSigpipe(stdin_.get(), input.data() + input_done, input.size() - input_done);
         if (w > 0) input_done += static_cast<size_t>(w);
         if ((w < 0 && errno != EAGAIN && errno != EINTR) || input_done == input.size()) stdin_.reset();
         continue;

@@ -161,9 +161,10 @@ Status ContainerBackend::Start(const BackendStart& start) {
     else STRATA_LOG(kWarn) << "precompile seccomp profile: " << bpf.status().ToString() << "; crun compiles it";
   }
   {
-    // Each command and call loads the default profile on top of the
-    // agent's (the agent reads it from its socket directory).
-    STRATA_ASSIGN_OR_RETURN(std::string bpf, CommandSeccompProgram(node_));
+    // Each command and call loads, on top of the agent's program, what
+    // holds it to the default profile (the agent reads it from its socket
+    // directory).
+    STRATA_ASSIGN_OR_RETURN(std::string bpf, CommandSeccompProgram(node_, /*agent_filtered=*/true));
     const std::string path = dir_ + "/agent/" + kCommandSeccompName;
     STRATA_RETURN_IF_ERROR(WriteFileAtomic(path, bpf, false));
     if (::chmod(path.c_str(), 0644) != 0) return ErrnoError(errno, "chmod " + path);

@@ -15,6 +15,7 @@
 #include <cmath>
 #include <system_error>
 #include <thread>
+#include <vector>
 
 #include <linux/magic.h>
 
@@ -78,6 +79,10 @@ const char* const kAllowedSyscalls[] = {
     "personality", "process_vm_readv", "process_vm_writev",
 };
 
+// What the agent's profile allows beyond the default (to give a command or
+// a call mount and other namespaces of its own).
+const std::vector<std::string> kAgentOnlySyscalls = {"mount", "mount_setattr", "umount2", "unshare"};
+
 // CLONE_NEWNS | CLONE_NEWCGROUP | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWUSER |
 // CLONE_NEWPID | CLONE_NEWNET: clone may not make namespaces.
 constexpr uint64_t kNamespaceFlags = 0x7E020000;
@@ -104,7 +109,14 @@ json DefaultSeccompProfile() {
 
 json AgentSeccompProfile() {
   json profile = DefaultSeccompProfile();
-  profile["syscalls"].push_back({{"names", {"mount", "mount_setattr", "umount2", "unshare"}}, {"action", "SCMP_ACT_ALLOW"}});
+  profile["syscalls"].push_back({{"names", kAgentOnlySyscalls}, {"action", "SCMP_ACT_ALLOW"}});
+  return profile;
+}
+
+json CommandOnAgentSeccompProfile() {
+  json profile = DefaultSeccompProfile();
+  profile["defaultAction"] = "SCMP_ACT_ALLOW";
+  profile["syscalls"] = {{{"names", kAgentOnlySyscalls}, {"action", "SCMP_ACT_ERRNO"}, {"errnoRet", 1}}};
   return profile;
 }
 

@@ -80,8 +80,9 @@ inline constexpr const char* kReadonlyPaths[] = {"/proc/bus", "/proc/fs", "/proc
 inline constexpr const char* kAgentPath = "/.strata/agent";
 inline constexpr const char* kAgentSocketDir = "/.strata/run";
 inline constexpr const char* kAgentSocketName = "agent.sock";
-// The seccomp program (raw BPF, the default profile) the agent loads for
-// each command and call.
+// The seccomp program (raw BPF) the agent loads for each command and call:
+// in a container CommandOnAgentSeccompProfile(), in a microVM the default
+// profile.
 inline constexpr const char* kCommandSeccompName = "command.bpf";
 
 // The bundle. Needs EnsureSharedMounts() to have run on this node (the
@@ -118,5 +119,13 @@ nlohmann::json DefaultSeccompProfile();
 // The default plus what the agent needs to give a command or a call its
 // own mount namespace (unshare, mount, mount_setattr, umount2).
 nlohmann::json AgentSeccompProfile();
+// What a command of an agent that runs under AgentSeccompProfile() loads on
+// top of it to be held to the default profile: the agent's extra calls
+// answer EPERM, as the default profile's, and everything else is left to
+// the agent's program (filters stack; the strictest answer wins), on the
+// same architectures. About 20 instructions to load instead of the
+// default's 1,200 (where a microVM's agent runs under no program, its
+// commands load the whole default profile).
+nlohmann::json CommandOnAgentSeccompProfile();
 
 }  // namespace strata::launcher

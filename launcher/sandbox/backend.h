@@ -142,8 +142,10 @@ void RemoveSandboxCgroups(const std::string& relative);
 // Sandbox::Adopt and Backend::Adopt read after a restart.
 Status MergeSandboxState(const std::string& dir, const nlohmann::json& changes);
 
-// The commands' seccomp program (the default profile as BPF), compiled once
-// per node and cached beside the run directory.
-Result<std::string> CommandSeccompProgram(const NodeConfig& node);
+// The commands' seccomp program as BPF, compiled once per node and cached
+// beside the run directory: what holds a command to the default profile,
+// on top of the agent's AgentSeccompProfile() when `agent_filtered` (a
+// container's), alone otherwise (a microVM's agent).
+Result<std::string> CommandSeccompProgram(const NodeConfig& node, bool agent_filtered);
 
 }  // namespace strata::launcher

@@ -199,8 +199,9 @@ Result<std::unique_ptr<Backend>> MakeBackend(const std::string& name, const Node
   return Error(EINVAL, "backend " + Quote(name) + ": not one of container, fncall, microvm");
 }
 
-Result<std::string> CommandSeccompProgram(const NodeConfig& node) {
-  STRATA_ASSIGN_OR_RETURN(std::string bpf64, CompiledSeccompBase64(DefaultSeccompProfile(), JoinPath(Dirname(node.run_dir), "seccomp")));
+Result<std::string> CommandSeccompProgram(const NodeConfig& node, bool agent_filtered) {
+  STRATA_ASSIGN_OR_RETURN(std::string bpf64, CompiledSeccompBase64(agent_filtered ? CommandOnAgentSeccompProfile() : DefaultSeccompProfile(),
+                                                                   JoinPath(Dirname(node.run_dir), "seccomp")));
   auto bpf = Base64Decode(bpf64);
   if (!bpf) return Error(EINVAL, "seccomp cache: not base64");
   return std::move(*bpf);

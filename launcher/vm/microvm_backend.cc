@@ -52,7 +52,7 @@ Status MicroVmBackend::Start(const BackendStart& start) {
   vm.console_log = upper_->path() + "/console.log";
   // The initramfs carries the commands' seccomp program (a container's
   // agent finds it in its socket directory).
-  STRATA_ASSIGN_OR_RETURN(std::string command_bpf, CommandSeccompProgram(node_));
+  STRATA_ASSIGN_OR_RETURN(std::string command_bpf, CommandSeccompProgram(node_, /*agent_filtered=*/false));
   STRATA_ASSIGN_OR_RETURN(vm.initramfs, vmm::EnsureInitramfs(node_.agent_binary, {{kCommandSeccompName, std::move(command_bpf)}},
                                                              node_.vm_cache));
   vm.kernel = node_.vm_kernel;

@@ -30,6 +30,17 @@ TEST(SubprocessTest, PassesStdinEnvAndCwd) {
   EXPECT_EQ(r.out, std::string(200000, 'a') + "hello\n/\n");
 }
 
+// A child that exits without reading its stdin: the rest of the input is
+// dropped, and this process (SIGPIPE at its default, which kills) lives on.
+TEST(SubprocessTest, ChildThatLeavesItsStdinUnreadDoesNotKillUs) {
+  ASSERT_EQ(::signal(SIGPIPE, SIG_DFL), SIG_DFL);
+  ASSERT_OK_AND_ASSIGN(auto r, RunCommand({.argv = {"sh", "-c", "exit 4"}, .stdin_data = std::string(1 << 20, 'a')}));
+  EXPECT_EQ(r.exit_code, 4);
+  sigset_t pending;
+  ASSERT_EQ(sigpending(&pending), 0);
+  EXPECT_FALSE(sigismember(&pending, SIGPIPE));
+}
+
 TEST(SubprocessTest, PassesDescriptorsInOrderAndNothingElse) {
   // Two pipes whose write ends land on 3 and 4 in the child; the write ends
   // here sit at 50 and up, and a third pipe's stays behind.

@@ -186,6 +186,46 @@ TEST_F(FileRulesTest, RulesPerExecAndForFunctionCalls) {
   }
 }
 
+// Every command runs under the default seccomp profile: with or without
+// file rules, under a shepherd, as the grader, and each function call. In
+// a container the agent's own program allows what giving a command its
+// namespaces takes (mount, unshare), and each command loads a small
+// program on top that refuses those again. Each call below is made so
+// that the kernel itself would answer EFAULT or EINVAL (or succeed): the
+// EPERM and ENOSYS expected come from the programs (tests/launcher/
+// prober.cc; microvm_test.cc checks a guest's commands).
+constexpr const char* kRefusedSyscalls[] = {
+    "mount: err EPERM",    "umount2: err EPERM",      "mount_setattr: err EPERM", "unshare: err EPERM",
+    "keyctl: err EPERM",   "bpf: err EPERM",          "clone3: err ENOSYS",      "clone_newuser: err EPERM",
+    "mount32: err EPERM",  "unshare32: err EPERM",    "getpid: ok",              "clone: ok"};
+
+TEST_F(FileRulesTest, CommandsRunUnderTheDefaultSeccompProfile) {
+  StartDaemon();
+  const std::string id = Create();
+  ASSERT_FALSE(id.empty());
+  ASSERT_OK_AND_ASSIGN(std::string prober, ReadFileToString(Prober()));
+  Put(id, prober, "/usr/bin/prober", 0755);
+  for (const std::vector<std::string>& flags : std::vector<std::vector<std::string>>{
+           {}, {"--kill-leftovers"}, {"--deny", "/etc/shadow-dir"}, {"--role", "grader"}}) {
+    auto r = Exec(id, {"prober", "syscalls"}, flags);
+    for (const char* line : kRefusedSyscalls) {
+      EXPECT_NE(r.out.find(std::string(line) + "\n"), std::string::npos) << line << " with " << ::testing::PrintToString(flags) << ":\n" << r.out << r.err;
+    }
+  }
+  // A call: the prober comes on stdin (the root is read-only; /tmp is the
+  // call's own).
+  const std::string fn = Create({"--backend", "fncall"});
+  ASSERT_FALSE(fn.empty());
+  ASSERT_OK_AND_ASSIGN(auto call, Cli({"exec", fn, "--stdin", "--", "sh", "-c", "cat > /tmp/prober && chmod +x /tmp/prober && /tmp/prober syscalls"}, prober));
+  for (const char* line : kRefusedSyscalls) {
+    EXPECT_NE(call.out.find(std::string(line) + "\n"), std::string::npos) << line << " in a call:\n" << call.out << call.err;
+  }
+  for (const auto& s : {id, fn}) {
+    ASSERT_OK_AND_ASSIGN(auto d, Cli({"destroy", s}));
+    EXPECT_EQ(d.exit_code, 0) << d.err;
+  }
+}
+
 TEST(FileRulesParseTest, NormalizesAndMerges) {
   ASSERT_OK_AND_ASSIGN(FileRules r, ParseFileRules(json::parse(R"({"deny": ["/a//b/", "/a/b/c", "/z"], "read_only": ["/a", "/z/y", "/q"]})"), "t"));
   EXPECT_EQ(r.deny, (std::vector<std::string>{"/a/b", "/z"}));

@@ -495,6 +495,20 @@ TEST_F(MicroVmTest, FileRulesHoldInAGuest) {
   ASSERT_OK_AND_ASSIGN(std::string prober, ReadFileToString(testing::TestBinaryDir() + "/strata-test-prober"));
   put(prober, "/usr/bin/prober", 0755);
   put("#!/bin/sh\necho harness ran\n", "/opt/harness/run.sh", 0755);
+  // The guest's agent runs under no seccomp program; its commands load
+  // the whole default profile (a container's load a small one on top of
+  // their agent's: file_rules_test.cc).
+  ASSERT_OK_AND_ASSIGN(auto syscalls, Cli({"exec", id, "--", "prober", "syscalls"}));
+  for (const char* line : {"mount: err EPERM", "umount2: err EPERM", "mount_setattr: err EPERM", "unshare: err EPERM",
+                           "keyctl: err EPERM", "bpf: err EPERM", "clone3: err ENOSYS", "clone_newuser: err EPERM",
+                           "getpid: ok", "clone: ok"}) {
+    EXPECT_NE(syscalls.out.find(std::string(line) + "\n"), std::string::npos) << line << ":\n" << syscalls.out << syscalls.err;
+  }
+  for (const char* call : {"mount32", "unshare32"}) {  // (where the guest's kernel has the 32-bit entry)
+    EXPECT_TRUE(syscalls.out.find(StrCat(call, ": err EPERM\n")) != std::string::npos ||
+                syscalls.out.find(StrCat(call, ": no 32-bit entry\n")) != std::string::npos)
+        << call << ":\n" << syscalls.out << syscalls.err;
+  }
   ASSERT_OK_AND_ASSIGN(auto hold, Cli({"exec", id, "--", "sh", "-c",
                                        "prober hold /tmp/fds /grader / > /tmp/hold.log 2>&1 & "
                                        "for i in $(seq 100); do grep -q holding /tmp/hold.log 2>/dev/null && exit 0; sleep 0.1; done; exit 1"}));

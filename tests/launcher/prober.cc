@@ -5,12 +5,19 @@
 //   fetch SOCK NAME     take the descriptors from SOCK and try NAME
 //                       beneath each (openat, openat2), and list each
 //   openat2 DIR NAME    open NAME beneath DIR with openat2's resolve flags
+//   syscalls            try the system calls a command's seccomp profile
+//                       refuses (and two it allows), natively and through
+//                       the 32-bit entry
 // Prints one line per attempt: "ok CONTENT" or "err ERRNO-NAME".
 #include <fcntl.h>
 #include <linux/openat2.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/mount.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <dirent.h>
@@ -157,6 +164,60 @@ int Fetch(const char* sock, const char* name) {
   return 0;
 }
 
+// Each call with arguments the kernel refuses (EFAULT, EINVAL) before it
+// checks capabilities: EPERM then comes from a seccomp program, not from a
+// missing capability.
+int Syscalls() {
+  auto report = [](const char* what, long rc) {
+    if (rc < 0) std::printf("%s: err %s\n", what, strerrorname_np(errno));
+    else std::printf("%s: ok\n", what);
+    std::fflush(stdout);
+  };
+  const auto bad = reinterpret_cast<const char*>(1);
+  report("getpid", ::syscall(SYS_getpid));
+  report("mount", ::syscall(SYS_mount, "none", "/tmp", bad, 0L, nullptr));
+  report("umount2", ::syscall(SYS_umount2, "/proc", 0x40000000L));
+  report("mount_setattr", ::syscall(SYS_mount_setattr, -1, "", 0x40000000L, nullptr, 0L));
+  report("unshare", ::syscall(SYS_unshare, 0x1L));
+  report("keyctl", ::syscall(SYS_keyctl, 9999L, 0L, 0L, 0L, 0L));
+  report("bpf", ::syscall(SYS_bpf, 9999L, nullptr, 0L));
+  report("clone3", ::syscall(SYS_clone3, nullptr, 0L));
+  // A new user namespace by clone: the child (if it were made) exits.
+  long child = ::syscall(SYS_clone, static_cast<long>(CLONE_NEWUSER | SIGCHLD), 0L, nullptr, nullptr, 0L);
+  if (child == 0) ::_exit(0);
+  report("clone_newuser", child);
+  long plain = ::syscall(SYS_clone, static_cast<long>(SIGCHLD), 0L, nullptr, nullptr, 0L);
+  if (plain == 0) ::_exit(0);
+  report("clone", plain);
+  // mount (21) and unshare (310) of the 32-bit entry (an address below
+  // 4 GiB for mount's type).
+  auto int80 = [](long nr, long a, long b, long c) {
+    long rc;
+    asm volatile("int $0x80" : "=a"(rc) : "a"(nr), "b"(a), "c"(b), "d"(c) : "memory");
+    if (rc < 0 && rc > -4096) {
+      errno = static_cast<int>(-rc);
+      return -1L;
+    }
+    return rc;
+  };
+  // A kernel without the 32-bit entry (a guest's, say) answers int 0x80
+  // with SIGSEGV: tried in a child first.
+  pid_t probe = ::fork();
+  if (probe == 0) {
+    int80(20, 0, 0, 0);  // getpid
+    ::_exit(0);
+  }
+  int status = 0;
+  ::waitpid(probe, &status, 0);
+  if (!WIFEXITED(status)) {
+    std::printf("mount32: no 32-bit entry\nunshare32: no 32-bit entry\n");
+    return 0;
+  }
+  report("mount32", int80(21, 0, 0, 1));
+  report("unshare32", int80(310, 0x1, 0, 0));
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -172,6 +233,7 @@ int main(int argc, char** argv) {
     TryOpenat2(argv[2], dir, argv[3]);
     return 0;
   }
-  std::fprintf(stderr, "usage: strata-test-prober hold SOCK PATH... | fetch SOCK NAME | openat2 DIR NAME\n");
+  if (verb == "syscalls") return Syscalls();
+  std::fprintf(stderr, "usage: strata-test-prober hold SOCK PATH... | fetch SOCK NAME | openat2 DIR NAME | syscalls\n");
   return 2;
 }
