@@ -602,10 +602,11 @@ void Agent::ReapLoop() {
     if (pid < 0) {
       if (errno == EINTR) continue;
       // ECHILD: no children at all (orphans of our children are ours
-      // before they are reaped, so none can come). Unless a command was
-      // started meanwhile, this thread ends; the next one starts another.
-      std::lock_guard lock(mu_);
-      if (spawned_ != seen) continue;
+      // before they are reaped, so none can come). Unless a command is
+      // started meanwhile, or within kLinger, this thread ends; the next
+      // command starts another.
+      std::unique_lock lock(mu_);
+      if (spawned_cv_.wait_for(lock, kLinger, [&] { return spawned_ != seen; })) continue;
       reaping_ = false;
       return;
     }
@@ -731,6 +732,7 @@ Result<Agent::Started> Agent::Start(const json& req, bool want_stdin) {
     if (pid > 0) {
       children_[pid] = -1;
       ++spawned_;
+      spawned_cv_.notify_one();
     }
   }
   if (pid < 0) return ErrnoError(errno, "exec: fork");
@@ -1455,7 +1457,28 @@ void Agent::JoinEnded() {
 }
 
 void Agent::ServeConnection(UniqueFd conn) {
-  Spawn([this, fd = conn.release()] { HandleConnection(UniqueFd(fd)); });
+  {
+    std::lock_guard lock(connections_mu_);
+    if (waiting_connections_.size() < idle_connection_threads_) {
+      waiting_connections_.push_back(conn.release());
+      connections_cv_.notify_one();
+      return;
+    }
+  }
+  Spawn([this, fd = conn.release()] { ConnectionThread(UniqueFd(fd)); });
+}
+
+void Agent::ConnectionThread(UniqueFd conn) {
+  while (true) {
+    HandleConnection(std::move(conn));
+    std::unique_lock lock(connections_mu_);
+    ++idle_connection_threads_;
+    connections_cv_.wait_for(lock, kLinger, [&] { return !waiting_connections_.empty(); });
+    --idle_connection_threads_;
+    if (waiting_connections_.empty()) return;
+    conn = UniqueFd(waiting_connections_.back());
+    waiting_connections_.pop_back();
+  }
 }
 
 Status Agent::Serve(int listen_fd) {
