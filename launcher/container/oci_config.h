@@ -124,7 +124,7 @@ nlohmann::json AgentSeccompProfile();
 // answer EPERM, as the default profile's, and everything else is left to
 // the agent's program (filters stack; the strictest answer wins), on the
 // same architectures. About 20 instructions to load instead of the
-// default's 1,200 (where a microVM's agent runs under no program, its
+// default's 990 (where a microVM's agent runs under no program, its
 // commands load the whole default profile).
 nlohmann::json CommandOnAgentSeccompProfile();
 

@@ -57,14 +57,6 @@ Result<std::string> CompileSeccomp(const nlohmann::json& profile) {
     STRATA_ASSIGN_OR_RETURN(uint32_t default_action, Action(profile.at("defaultAction").get<std::string>(), default_errno));
     std::unique_ptr<void, CtxDeleter> ctx(seccomp_init(default_action));
     if (!ctx) return Error(ENOMEM, "seccomp_init");
-    // A binary tree over the system call numbers, not one comparison per
-    // allowed call in a row: the kernel runs the program once per call
-    // number and architecture when a process loads it (to cache which calls
-    // are always allowed), which with the linear program of the default
-    // profile (about 990 instructions) was most of what loading it cost.
-    if (int rc = seccomp_attr_set(ctx.get(), SCMP_FLTATR_CTL_OPTIMIZE, 2); rc != 0) {
-      return ErrnoError(-rc, "seccomp: ask for a binary tree");
-    }
     for (const auto& a : profile.value("architectures", nlohmann::json::array())) {
       STRATA_ASSIGN_OR_RETURN(uint32_t arch, Arch(a.get<std::string>()));
       int rc = seccomp_arch_add(ctx.get(), arch);
@@ -102,9 +94,7 @@ Result<std::string> CompileSeccomp(const nlohmann::json& profile) {
 }
 
 Result<std::string> CompiledSeccompBase64(const nlohmann::json& profile, const std::string& cache_dir) {
-  // (The key names how the program is built, so a node's cache from an
-  // older build is not taken for this one's.)
-  const std::string path = StrCat(cache_dir, "/", HashBytes("tree\n" + profile.dump()).Hex(), ".bpf64");
+  const std::string path = StrCat(cache_dir, "/", HashBytes(profile.dump()).Hex(), ".bpf64");
   if (auto cached = ReadFileToString(path); cached.ok() && !cached->empty()) return *cached;
   STRATA_ASSIGN_OR_RETURN(std::string compiled, CompileSeccomp(profile));
   if (MakeDirs(cache_dir, 0700).ok()) WriteFileAtomic(path, compiled, false).IgnoreError();
