@@ -14,7 +14,6 @@
 #include <sched.h>
 #include <signal.h>
 #include <sys/ioctl.h>
-#include <sys/mman.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
@@ -492,86 +491,6 @@ const char* RuleKindName(RuleMount::Kind kind) {
   return "mount";
 }
 
-// What a command's child does between the fork and the command's exec,
-// all of it prepared before the fork. Async-signal-safe calls only, and
-// nothing written to memory: a plain command's child shares the agent's
-// (see Agent::Start).
-struct CommandChild {
-  int in = -1, out = -1, err = -1;  // become 0, 1, 2
-  const std::vector<int>* keep;     // descriptors kept past 2 (sorted)
-  const std::vector<int>* cgroups;  // cgroup.procs files to join
-  bool shepherd = false;
-  bool isolate = false, isolate_network = false;
-  const std::vector<RuleMount>* rule_mounts;
-  const std::string* seccomp;  // null: none
-  const char* cwd;
-  char** argv;
-  char** envp;
-  int error_fd = -1;
-};
-
-[[noreturn]] void RunCommandChild(const CommandChild& c) {
-  ::setsid();  // its own process group: a timeout kills the whole tree
-  sigset_t none;
-  sigemptyset(&none);
-  ::sigprocmask(SIG_SETMASK, &none, nullptr);
-  ::signal(SIGPIPE, SIG_DFL);  // the agent ignores it; a command gets the usual default
-  ::dup2(c.in, 0);
-  ::dup2(c.out, 1);
-  ::dup2(c.err, 2);
-  // Nothing else of the agent's (other requests' files and sockets,
-  // other commands' pipes): close-on-exec is not enough for the
-  // processes here that never exec (a shepherd, a call's init).
-  CloseAllBut(*c.keep);
-  if (!c.shepherd) {
-    for (int fd : *c.cgroups) {
-      if (::write(fd, "0", 1) != 1) FailStart(c.error_fd, StartStep::kCgroup, errno);
-    }
-  }
-  if (c.isolate) RunCall({c.argv, c.envp, c.cwd, c.error_fd, c.isolate_network, c.seccomp, c.rule_mounts});
-  const bool rules = !c.rule_mounts->empty();
-  if (rules) {
-    if (::unshare(CLONE_NEWNS) != 0) FailStart(c.error_fd, StartStep::kNamespaces, errno);
-    if (::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) FailStart(c.error_fd, StartStep::kMounts, errno);
-    int failed = -1;
-    if (int e = MakeRuleMounts(*c.rule_mounts, &failed)) FailStart(c.error_fd, StartStep::kRules, e, failed);
-  }
-  if (c.seccomp) {
-    if (int e = DropCallPrivileges(*c.seccomp)) FailStart(c.error_fd, StartStep::kPrivileges, e);
-  }
-  if (rules && !c.shepherd) {
-    if (int e = EnterLandlockDomain()) FailStart(c.error_fd, StartStep::kLandlock, e);
-  }
-  if (::chdir(c.cwd) != 0) FailStart(c.error_fd, StartStep::kChdir, errno);
-  if (c.shepherd) Shepherd(c.argv, c.envp, c.error_fd, *c.cgroups, rules);
-  ::execvpe(c.argv[0], c.argv, c.envp);
-  FailStart(c.error_fd, StartStep::kExec, errno);
-}
-
-int RunCommandChildEntry(void* child) { RunCommandChild(*static_cast<const CommandChild*>(child)); }
-
-// Starts a plain command's child (no shepherd, no call, no file rules)
-// sharing the agent's memory until its exec (CLONE_VM | CLONE_VFORK, what
-// posix_spawn does): no copy of the agent's page tables to make, and none
-// of the copy-on-write faults the agent would take after a fork. This
-// thread waits meanwhile (the child's setup is a few system calls). The
-// child runs on a stack of its own, with a guard page below it.
-pid_t StartSharingMemory(CommandChild& child, size_t argc) {
-  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
-  // execvpe copies the arguments onto the stack to run a script with /bin/sh.
-  const size_t size = (64 * 1024 + (argc + 2) * sizeof(char*) + page - 1) / page * page + page;
-  void* stack = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
-  if (stack == MAP_FAILED) return -1;
-  pid_t pid = -1;
-  if (::mprotect(stack, page, PROT_NONE) == 0) {
-    pid = ::clone(RunCommandChildEntry, static_cast<char*>(stack) + size, CLONE_VM | CLONE_VFORK | SIGCHLD, &child);
-  }
-  const int saved = errno;
-  ::munmap(stack, size);
-  errno = saved;
-  return pid;
-}
-
 // Whether this kernel has Landlock (the agent answers once).
 bool HaveLandlock() {
   static const bool have = ::syscall(SYS_landlock_create_ruleset, nullptr, 0, LANDLOCK_CREATE_RULESET_VERSION) >= 1;
@@ -721,13 +640,44 @@ Result<Agent::Started> Agent::Start(const json& req, bool want_stdin) {
       }
       reaping_ = true;
     }
-    CommandChild child{in_r.get(),    out_w.get(), err_w.get(),  &keep,         &cgroups,      shepherd,     isolate,
-                       isolate_network, &rule_mounts, call_seccomp, cwd.c_str(), cargv.data(), cenv.data(), err_pipe_w.get()};
-    if (!shepherd && !isolate && rule_mounts.empty()) {
-      pid = StartSharingMemory(child, cargv.size());
-    } else {
-      pid = ::fork();
-      if (pid == 0) RunCommandChild(child);
+    pid = ::fork();
+    if (pid == 0) {
+      // Child: async-signal-safe calls only.
+      ::setsid();  // its own process group: a timeout kills the whole tree
+      sigset_t none;
+      sigemptyset(&none);
+      ::sigprocmask(SIG_SETMASK, &none, nullptr);
+      ::signal(SIGPIPE, SIG_DFL);  // the agent ignores it; a command gets the usual default
+      ::dup2(in_r.get(), 0);
+      ::dup2(out_w.get(), 1);
+      ::dup2(err_w.get(), 2);
+      // Nothing else of the agent's (other requests' files and sockets,
+      // other commands' pipes): close-on-exec is not enough for the
+      // processes here that never exec (a shepherd, a call's init).
+      CloseAllBut(keep);
+      if (!shepherd) {
+        for (int fd : cgroups) {
+          if (::write(fd, "0", 1) != 1) FailStart(err_pipe_w.get(), StartStep::kCgroup, errno);
+        }
+      }
+      if (isolate) RunCall({cargv.data(), cenv.data(), cwd.c_str(), err_pipe_w.get(), isolate_network, call_seccomp, &rule_mounts});
+      if (!rule_mounts.empty()) {
+        if (::unshare(CLONE_NEWNS) != 0) FailStart(err_pipe_w.get(), StartStep::kNamespaces, errno);
+        if (::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) FailStart(err_pipe_w.get(), StartStep::kMounts, errno);
+        int failed = -1;
+        if (int e = MakeRuleMounts(rule_mounts, &failed)) FailStart(err_pipe_w.get(), StartStep::kRules, e, failed);
+      }
+      if (call_seccomp) {
+        if (int e = DropCallPrivileges(*call_seccomp)) FailStart(err_pipe_w.get(), StartStep::kPrivileges, e);
+      }
+      if (!rule_mounts.empty() && !shepherd) {
+        if (int e = EnterLandlockDomain()) FailStart(err_pipe_w.get(), StartStep::kLandlock, e);
+      }
+      if (::chdir(cwd.c_str()) != 0) FailStart(err_pipe_w.get(), StartStep::kChdir, errno);
+      if (shepherd) Shepherd(cargv.data(), cenv.data(), err_pipe_w.get(), cgroups, !rule_mounts.empty());
+      ::environ = cenv.data();
+      ::execvp(cargv[0], cargv.data());
+      FailStart(err_pipe_w.get(), StartStep::kExec, errno);
     }
     if (pid > 0) {
       children_[pid] = -1;
