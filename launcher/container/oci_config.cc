@@ -114,10 +114,11 @@ json AgentSeccompProfile() {
 }
 
 json CommandOnAgentSeccompProfile() {
-  json profile = DefaultSeccompProfile();
-  profile["defaultAction"] = "SCMP_ACT_ALLOW";
-  profile["syscalls"] = {{{"names", kAgentOnlySyscalls}, {"action", "SCMP_ACT_ERRNO"}, {"errnoRet", 1}}};
-  return profile;
+  return {
+      {"defaultAction", "SCMP_ACT_ALLOW"},
+      {"architectures", DefaultSeccompProfile()["architectures"]},
+      {"syscalls", {{{"names", kAgentOnlySyscalls}, {"action", "SCMP_ACT_ERRNO"}, {"errnoRet", 1}}}},
+  };
 }
 
 json OciConfig(const ContainerConfig& c) {

@@ -33,9 +33,11 @@ TEST(SubprocessTest, PassesStdinEnvAndCwd) {
 // A child that exits without reading its stdin: the rest of the input is
 // dropped, and this process (SIGPIPE at its default, which kills) lives on.
 TEST(SubprocessTest, ChildThatLeavesItsStdinUnreadDoesNotKillUs) {
-  ASSERT_EQ(::signal(SIGPIPE, SIG_DFL), SIG_DFL);
-  ASSERT_OK_AND_ASSIGN(auto r, RunCommand({.argv = {"sh", "-c", "exit 4"}, .stdin_data = std::string(1 << 20, 'a')}));
-  EXPECT_EQ(r.exit_code, 4);
+  auto old = ::signal(SIGPIPE, SIG_DFL);
+  auto r = RunCommand({.argv = {"sh", "-c", "exit 4"}, .stdin_data = std::string(1 << 20, 'a')});
+  ::signal(SIGPIPE, old);
+  ASSERT_OK(r.status());
+  EXPECT_EQ(r->exit_code, 4);
   sigset_t pending;
   ASSERT_EQ(sigpending(&pending), 0);
   EXPECT_FALSE(sigismember(&pending, SIGPIPE));
