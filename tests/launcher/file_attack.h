@@ -6,6 +6,20 @@
 namespace strata::launcher {
 
 inline constexpr const char* kSecret = "the answer is 42";
+// What any route that leaks the secret prints (all of it, or grep's
+// "answer is 42"); a bare "42" can be a pid in an error message
+// ("/proc/42/root/...").
+inline constexpr const char* kLeakMark = "is 42";
+
+// What `strata-test-prober syscalls` prints in a sandbox whose commands
+// are held to the default seccomp profile. Each call is made so that the
+// kernel itself would answer EFAULT or EINVAL (or succeed): the EPERM and
+// ENOSYS come from the seccomp programs. The 32-bit entry's lines,
+// mount32 and unshare32, are checked apart (a guest's kernel may lack it).
+inline constexpr const char* kRefusedSyscalls[] = {
+    "mount: err EPERM",  "umount2: err EPERM", "mount_setattr: err EPERM", "unshare: err EPERM",
+    "keyctl: err EPERM", "bpf: err EPERM",     "clone3: err ENOSYS",      "clone_newuser: err EPERM",
+    "getpid: ok",        "clone: ok"};
 
 // Every route to /grader/secret we know of, tried by one shell script; the
 // output holds the secret if any route leaks it. Each attempt prints a
