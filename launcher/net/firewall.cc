@@ -119,13 +119,11 @@ Result<std::unique_ptr<Firewall>> Firewall::Open(const FirewallConfig& config) {
     s += StrCat("add set inet ", t, " doh4 { type ipv4_addr; }\n");
     s += StrCat("add set inet ", t, " ifs4 { type ifname; }\n");
     s += StrCat("add set inet ", t, " src4 { type ifname . ipv4_addr; }\n");
-    s += StrCat("add map inet ", t, " out4 { type ipv4_addr : verdict; }\n");
-    s += StrCat("add map inet ", t, " in4 { type ipv4_addr : verdict; }\n");
+    s += StrCat("add map inet ", t, " from4 { type ifname . ipv4_addr : verdict; }\n");
+    s += StrCat("add map inet ", t, " to4 { type ifname . ipv4_addr : verdict; }\n");
     s += StrCat("add map inet ", t, " refused4 { type ipv4_addr : counter; }\n");
     s += StrCat("add chain inet ", t, " refuse\n");
     s += StrCat("add chain inet ", t, " refuse_answer\n");
-    s += StrCat("add chain inet ", t, " from_sandbox\n");
-    s += StrCat("add chain inet ", t, " to_sandbox\n");
     s += StrCat("add chain inet ", t, " node_from_sandbox\n");
     s += StrCat("add chain inet ", t, " forward { type filter hook forward priority filter; policy accept; }\n");
     s += StrCat("add chain inet ", t, " input { type filter hook input priority filter; policy accept; }\n");
@@ -137,7 +135,7 @@ Result<std::unique_ptr<Firewall>> Firewall::Open(const FirewallConfig& config) {
   s += StrCat("add element inet ", t, " private4 { ", private_text, " }\n");
   if (!ok_text.empty()) s += StrCat("add element inet ", t, " private_ok4 { ", ok_text, " }\n");
   s += StrCat("add element inet ", t, " doh4 { ", doh_text, " }\n");
-  for (const char* chain : {"refuse", "refuse_answer", "from_sandbox", "to_sandbox", "node_from_sandbox", "forward", "input"}) {
+  for (const char* chain : {"refuse", "refuse_answer", "node_from_sandbox", "forward", "input"}) {
     s += StrCat("flush chain inet ", t, " ", chain, "\n");
   }
   s += StrCat("flush chain ip ", t, "_nat postrouting\n");
@@ -151,29 +149,24 @@ Result<std::unique_ptr<Firewall>> Firewall::Open(const FirewallConfig& config) {
   // and is refused.
   s += StrCat("add rule inet ", t, " refuse_answer meta l4proto tcp tcp flags set rst | ack accept\n");
   s += StrCat("add rule inet ", t, " refuse_answer drop\n");
-  // Only this node's interfaces (another node's daemon on the host has its
-  // own table and pool).
-  s += StrCat("add rule inet ", t, " forward iifname @ifs4 jump from_sandbox\n");
-  s += StrCat("add rule inet ", t, " forward oifname @ifs4 jump to_sandbox\n");
-  s += StrCat("add rule inet ", t, " input iifname @ifs4 jump node_from_sandbox\n");
-  // Fail closed: a pool address on any interface without rules (a warm
-  // namespace, a veth whose rules are gone) reaches nothing, and a pool
-  // address arriving from elsewhere is a spoof.
+  // Every forwarded packet of the node passes here, so a sandbox's packet
+  // finds its chain in one lookup: from a sandbox by its interface and its
+  // own address (a spoofed source matches no element), to a sandbox by its
+  // interface and address (its chain lets answers in, nothing else). Only
+  // this node's interfaces are keys (another node's daemon on the host has
+  // its own table and pool). What matches no element fails closed: IPv6
+  // (sandboxes have none) or a wrong source on a sandbox's interface, and
+  // a pool address on any interface without rules (a warm namespace, a
+  // veth whose rules are gone) or arriving from elsewhere (a spoof).
   const std::string pool = config.pool.ToString();
+  s += StrCat("add rule inet ", t, " forward iifname . ip saddr vmap @from4\n");
+  s += StrCat("add rule inet ", t, " forward oifname . ip daddr vmap @to4\n");
+  s += StrCat("add rule inet ", t, " forward iifname @ifs4 drop\n");
+  s += StrCat("add rule inet ", t, " forward oifname @ifs4 drop\n");
   s += StrCat("add rule inet ", t, " forward ip saddr ", pool, " drop\n");
   s += StrCat("add rule inet ", t, " forward ip daddr ", pool, " drop\n");
+  s += StrCat("add rule inet ", t, " input iifname @ifs4 jump node_from_sandbox\n");
   s += StrCat("add rule inet ", t, " input iifname != \"lo\" ip saddr ", pool, " drop\n");
-  // From a sandbox: only from its own address on its own interface, then
-  // its chain (which knows its open connections by their mark). IPv6
-  // (sandboxes have none) matches no `ip` rule and ends at the drop.
-  s += StrCat("add rule inet ", t, " from_sandbox iifname . ip saddr != @src4 drop\n");
-  s += StrCat("add rule inet ", t, " from_sandbox ip saddr vmap @out4\n");
-  s += StrCat("add rule inet ", t, " from_sandbox drop\n");
-  // To a sandbox: answers only (nothing opens a connection into one).
-  s += StrCat("add rule inet ", t, " to_sandbox ct state invalid drop\n");
-  s += StrCat("add rule inet ", t, " to_sandbox ct direction original goto refuse\n");
-  s += StrCat("add rule inet ", t, " to_sandbox ip daddr vmap @in4\n");
-  s += StrCat("add rule inet ", t, " to_sandbox drop\n");
   // To the node itself: the DNS proxy's port, nothing else.
   s += StrCat("add rule inet ", t, " node_from_sandbox iifname . ip saddr != @src4 drop\n");
   s += StrCat("add rule inet ", t, " node_from_sandbox ip daddr ", gw, " udp dport ", config.dns_port, " accept\n");
@@ -183,6 +176,22 @@ Result<std::unique_ptr<Firewall>> Firewall::Open(const FirewallConfig& config) {
   s += StrCat("add rule inet ", t, " node_from_sandbox goto refuse\n");
   s += StrCat("add rule ip ", t, "_nat postrouting ip saddr ", config.pool.ToString(), " oifname != \"", pre,
               "\" masquerade\n");
+  // A table of a daemon before 2026-12-03 found its sandboxes' chains
+  // through two more chains and maps keyed by address alone: its elements
+  // move to the maps above, in the same transaction.
+  if (fw->Exists(StrCat("map inet ", t, " out4"))) {
+    STRATA_ASSIGN_OR_RETURN(auto old, fw->ListMap("out4"));
+    for (const auto& [key, address] : old) {
+      s += fw->DispatchElements("add", {key, config.if_prefix + key, address});
+      // Its answers chain had these in to_sandbox, before it (adoption
+      // writes its rules again anyway).
+      s += StrCat("insert rule inet ", t, " r_", key, " ct direction original goto refuse\n");
+      s += StrCat("insert rule inet ", t, " r_", key, " ct state invalid drop\n");
+    }
+    for (const char* chain : {"from_sandbox", "to_sandbox"}) s += StrCat("flush chain inet ", t, " ", chain, "\n");
+    for (const char* chain : {"from_sandbox", "to_sandbox"}) s += StrCat("delete chain inet ", t, " ", chain, "\n");
+    for (const char* map : {"out4", "in4"}) s += StrCat("delete map inet ", t, " ", map, "\n");
+  }
   Status st = fw->Run(s);
   if (!st.ok()) return st.Annotate("nftables: set up table " + t);
   return fw;
@@ -239,6 +248,11 @@ std::string Firewall::PolicyRules(const SandboxRules& r) const {
                                        : StrCat("ct mark set ", mark, " accept");
     auto rule = [&](const std::string& body) { s += StrCat("add rule inet ", t, " ", chain, " ", body, "\n"); };
     rule(StrCat("ct mark ", mark, " accept"));
+    // Into a sandbox: answers only (nothing opens a connection into one).
+    if (dir == 1) {
+      rule("ct state invalid drop");
+      rule("ct direction original goto refuse");
+    }
     if (r.policy.mode != NetMode::kAllow && r.policy.mode != NetMode::kOpen) {
       rule(refuse);
       continue;
@@ -281,15 +295,22 @@ std::string Firewall::PolicyRules(const SandboxRules& r) const {
   return s;
 }
 
-Status Firewall::AddSandbox(const SandboxRules& r) {
+std::string Firewall::DispatchElements(const char* verb, const SandboxRules& r) const {
   const std::string& t = config_.table;
   const std::string a = Ipv4ToString(r.address);
-  std::string s = SandboxObjects(r) + PolicyRules(r);
-  s += StrCat("add element inet ", t, " ifs4 { \"", r.ifname, "\" }\n");
-  s += StrCat("add element inet ", t, " src4 { \"", r.ifname, "\" . ", a, " }\n");
-  s += StrCat("add element inet ", t, " out4 { ", a, " : goto o_", r.key, " }\n");
-  s += StrCat("add element inet ", t, " in4 { ", a, " : goto r_", r.key, " }\n");
-  s += StrCat("add element inet ", t, " refused4 { ", a, " : \"no_", r.key, "\" }\n");
+  const std::string at = StrCat("\"", r.ifname, "\" . ", a);
+  const bool add = std::string_view(verb) == "add";
+  std::string s;
+  s += StrCat(verb, " element inet ", t, " from4 { ", at, add ? " : goto o_" + r.key : "", " }\n");
+  s += StrCat(verb, " element inet ", t, " to4 { ", at, add ? " : goto r_" + r.key : "", " }\n");
+  s += StrCat(verb, " element inet ", t, " ifs4 { \"", r.ifname, "\" }\n");
+  s += StrCat(verb, " element inet ", t, " src4 { ", at, " }\n");
+  s += StrCat(verb, " element inet ", t, " refused4 { ", a, add ? " : \"no_" + r.key + "\"" : "", " }\n");
+  return s;
+}
+
+Status Firewall::AddSandbox(const SandboxRules& r) {
+  std::string s = SandboxObjects(r) + PolicyRules(r) + DispatchElements("add", r);
   return Run(s).Annotate("nftables: add the rules of sandbox " + r.key);
 }
 
@@ -299,6 +320,8 @@ Status Firewall::ReplacePolicy(const SandboxRules& next, const std::vector<Admis
   for (const char* chain : {"o_", "r_"}) s += StrCat("flush chain inet ", t, " ", chain, next.key, "\n");
   for (const char* set : {"n_", "np_", "c_", "cp_"}) s += StrCat("flush set inet ", t, " ", set, next.key, "\n");
   s += PolicyRules(next);
+  // (Already there but after an upgrade from a table of older maps.)
+  s += DispatchElements("add", next);
   for (const auto& a : keep) s += AdmitElements(next.key, a);
   return Run(s).Annotate("nftables: change the policy of sandbox " + next.key);
 }
@@ -328,18 +351,11 @@ Status Firewall::Admit(const std::string& key, const std::vector<uint32_t>& addr
 
 Status Firewall::RemoveSandbox(const std::string& key, const std::string& ifname, uint32_t address, bool check) {
   const std::string& t = config_.table;
-  const std::string a = Ipv4ToString(address);
   // AddSandbox made everything in one transaction: all of it is there or
   // none is, and it goes in one transaction too.
   if (check && !Exists(StrCat("chain inet ", t, " o_", key))) return OkStatus();
   std::string s;
-  if (address != 0) {
-    s += StrCat("delete element inet ", t, " ifs4 { \"", ifname, "\" }\n");
-    s += StrCat("delete element inet ", t, " src4 { \"", ifname, "\" . ", a, " }\n");
-    s += StrCat("delete element inet ", t, " out4 { ", a, " }\n");
-    s += StrCat("delete element inet ", t, " in4 { ", a, " }\n");
-    s += StrCat("delete element inet ", t, " refused4 { ", a, " }\n");
-  }
+  if (address != 0) s += DispatchElements("delete", {key, ifname, address});
   for (const char* chain : {"o_", "r_"}) s += StrCat("delete chain inet ", t, " ", chain, key, "\n");
   for (const char* set : {"n_", "np_", "c_", "cp_"}) s += StrCat("delete set inet ", t, " ", set, key, "\n");
   for (const char* counter : {"ok_", "no_"}) s += StrCat("delete counter inet ", t, " ", counter, key, "\n");
@@ -374,18 +390,26 @@ bool Firewall::AlwaysRefused(uint32_t address) const {
   return false;
 }
 
-Result<std::map<std::string, uint32_t>> Firewall::List() {
+Result<std::map<std::string, uint32_t>> Firewall::List() { return ListMap("from4"); }
+
+Result<std::map<std::string, uint32_t>> Firewall::ListMap(const std::string& map) {
   std::string out;
-  STRATA_RETURN_IF_ERROR(Run(StrCat("list map inet ", config_.table, " out4"), &out));
+  STRATA_RETURN_IF_ERROR(Run(StrCat("list map inet ", config_.table, " ", map), &out));
   std::map<std::string, uint32_t> result;
   json j = json::parse(out, nullptr, false);
   if (!j.is_object()) return result;
   for (const auto& item : j.value("nftables", json::array())) {
     if (!item.contains("map")) continue;
     for (const auto& e : item["map"].value("elem", json::array())) {
-      if (!e.is_array() || e.size() != 2 || !e[0].is_string()) continue;
+      if (!e.is_array() || e.size() != 2) continue;
+      // The key is the address (out4, older tables) or interface . address.
+      const json* key = &e[0];
+      if (key->is_object() && key->contains("concat") && (*key)["concat"].is_array() && (*key)["concat"].size() == 2) {
+        key = &(*key)["concat"][1];
+      }
+      if (!key->is_string()) continue;
       std::string target = e[1].contains("goto") ? e[1]["goto"].value("target", "") : "";
-      auto addr = ParseIpv4(e[0].get<std::string>());
+      auto addr = ParseIpv4(key->get<std::string>());
       if (target.starts_with("o_") && addr) result[target.substr(2)] = *addr;
     }
   }

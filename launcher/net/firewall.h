@@ -84,6 +84,10 @@ class Firewall {
   std::string SandboxObjects(const SandboxRules& r) const;   // add sets, counters, chains
   std::string PolicyRules(const SandboxRules& r) const;      // the chains' rules and static elements
   std::string AdmitElements(const std::string& key, const Admission& a) const;
+  // "add" or "delete" the sandbox's elements of the node-wide sets and maps.
+  std::string DispatchElements(const char* verb, const SandboxRules& r) const;
+  // key -> address of a map whose elements goto o_KEY.
+  Result<std::map<std::string, uint32_t>> ListMap(const std::string& map);
   bool Exists(const std::string& what);
 
   FirewallConfig config_;

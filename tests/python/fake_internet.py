@@ -1,8 +1,8 @@
 """A fake internet for the sandbox-network tests and the net benchmark,
 inside a network namespace of its own: hosts on 198.18.0.0/15 addresses
 (and a private and a metadata address, to catch a rule that lets them
-through), each with HTTP on ports 80 and 8080 and a UDP echo on 9999, and
-dnsmasq resolving the test names. The node routes those addresses into the
+through), each with HTTP on ports 80 and 8080, a TCP port 9 that accepts
+and closes, and a UDP echo on 9999, and dnsmasq resolving the test names. The node routes those addresses into the
 namespace, so nothing a test sends ever leaves the machine.
 
     with FakeInternet() as net: ...   # or start() / stop()
@@ -68,8 +68,19 @@ def udp_echo(addr):
         data, peer = s.recvfrom(65536)
         s.sendto(data, peer)
 
+def accept_close(port):
+    # Connects and nothing else (the net benchmark's connect row): no
+    # thread per connection competing with the connects measured.
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("0.0.0.0", port))
+    s.listen(4096)
+    while True:
+        s.accept()[0].close()
+
 for port in (80, 8080):
     threading.Thread(target=S(("0.0.0.0", port), H).serve_forever, daemon=True).start()
+threading.Thread(target=accept_close, args=(9,), daemon=True).start()
 for addr in sys.argv[1:]:
     threading.Thread(target=udp_echo, args=(addr,), daemon=True).start()
 print("ready", flush=True)

@@ -67,7 +67,7 @@ def rule_leftovers():
             if re.match(r"^(o|r|n|np|c|cp|ok|no)_[0-9a-f]{12}$", name):
                 left.append(f"{kind} {name}")
         for kind in ("set", "map"):
-            if item.get(kind, {}).get("name") in ("ifs4", "src4", "out4", "in4", "refused4") and item[kind].get("elem"):
+            if item.get(kind, {}).get("name") in ("ifs4", "src4", "from4", "to4", "refused4") and item[kind].get("elem"):
                 left.append(f"elements of {item[kind]['name']}")
     return left
 
@@ -307,9 +307,51 @@ def test_changes_refused_where_they_cannot_apply(client, net_node, internet):
         assert e.value.status == 400 and "not a name" in str(e.value)
 
 
+def as_older_table():
+    """Rewrites the node's table as daemons before 2026-12-03 left it: the
+    sandboxes' chains found through from_sandbox and to_sandbox and maps
+    keyed by address alone (out4, in4), no from4 and to4."""
+    t = f"inet {TABLE}"
+    elements = ""
+    for item in nft_json("map", "inet", TABLE, "from4"):
+        for key, verdict in item.get("map", {}).get("elem", []):
+            chain = verdict["goto"]["target"]
+            address = key["concat"][1]
+            elements += f"add element {t} out4 {{ {address} : goto {chain} }}\n"
+            elements += f"add element {t} in4 {{ {address} : goto r_{chain[2:]} }}\n"
+    assert elements
+    script = f"""
+add map {t} out4 {{ type ipv4_addr : verdict; }}
+add map {t} in4 {{ type ipv4_addr : verdict; }}
+add chain {t} from_sandbox
+add chain {t} to_sandbox
+flush chain {t} forward
+add rule {t} from_sandbox iifname . ip saddr != @src4 drop
+add rule {t} from_sandbox ip saddr vmap @out4
+add rule {t} from_sandbox drop
+add rule {t} to_sandbox ct state invalid drop
+add rule {t} to_sandbox ct direction original goto refuse
+add rule {t} to_sandbox ip daddr vmap @in4
+add rule {t} to_sandbox drop
+add rule {t} forward iifname @ifs4 jump from_sandbox
+add rule {t} forward oifname @ifs4 jump to_sandbox
+add rule {t} forward ip saddr {POOL} drop
+add rule {t} forward ip daddr {POOL} drop
+{elements}flush map {t} from4
+flush map {t} to4
+delete map {t} from4
+delete map {t} to4
+"""
+    subprocess.run(["nft", "-f", "-"], input=script, text=True, check=True)
+
+
 def test_restart_keeps_rules_and_leaves_nothing(client, net_node):
     sb = client.create(layers=["busybox:1"], network="allow", allow=["a.test"])
     try:
+        assert fetch(sb, "a.test")[0] == 0
+        # The table as an older daemon made it: the restarted daemon moves
+        # the sandbox to the maps it uses, in one transaction.
+        as_older_table()
         assert fetch(sb, "a.test")[0] == 0
         # A half-made sandbox network of a crashed daemon: a veth with this
         # node's alias, never recorded; and a namespace file as daemons
@@ -327,6 +369,8 @@ def test_restart_keeps_rules_and_leaves_nothing(client, net_node):
         refused(sb, NAMES["b.test"])
         assert not os.path.exists(orphan)
         assert not os.path.exists("/sys/class/net/sx0123456789ab")
+        names = {item[k]["name"] for item in nft_json("table", "inet", TABLE) for k in ("map", "chain") if k in item}
+        assert {"from4", "to4"} <= names and not names & {"out4", "in4", "from_sandbox", "to_sandbox"}
     finally:
         sb.destroy()
     assert node_leftovers(net_node) == []
