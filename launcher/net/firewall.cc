@@ -47,8 +47,59 @@ std::vector<std::pair<uint32_t, uint32_t>> MergeRanges(std::vector<Cidr4> nets) 
   return out;
 }
 
+// `ranges` without what `minus` covers (both merged: sorted, disjoint).
+std::vector<std::pair<uint32_t, uint32_t>> Subtract(const std::vector<std::pair<uint32_t, uint32_t>>& ranges,
+                                                    const std::vector<std::pair<uint32_t, uint32_t>>& minus) {
+  std::vector<std::pair<uint32_t, uint32_t>> out;
+  for (auto [lo, hi] : ranges) {
+    bool left = true;
+    for (const auto& [mlo, mhi] : minus) {
+      if (mhi < lo || mlo > hi) continue;
+      if (mlo > lo) out.emplace_back(lo, mlo - 1);
+      if (mhi >= hi) {
+        left = false;
+        break;
+      }
+      lo = mhi + 1;
+    }
+    if (left) out.emplace_back(lo, hi);
+  }
+  return out;
+}
+
 std::string RangeText(const std::pair<uint32_t, uint32_t>& r) {
   return r.first == r.second ? Ipv4ToString(r.first) : StrCat(Ipv4ToString(r.first), "-", Ipv4ToString(r.second));
+}
+
+// An element as nft's JSON lists it, written as nft reads it.
+std::string ElementText(const json& v) {
+  if (v.is_string()) return v.get<std::string>();
+  if (v.is_number_unsigned()) return std::to_string(v.get<uint64_t>());
+  if (v.is_object() && v.contains("prefix")) {
+    return StrCat(v["prefix"].value("addr", ""), "/", v["prefix"].value("len", 0));
+  }
+  if (v.is_object() && v.contains("range") && v["range"].is_array() && v["range"].size() == 2) {
+    return ElementText(v["range"][0]) + "-" + ElementText(v["range"][1]);
+  }
+  if (v.is_object() && v.contains("concat") && v["concat"].is_array()) {
+    std::string out;
+    for (const auto& part : v["concat"]) out += (out.empty() ? "" : " . ") + ElementText(part);
+    return out;
+  }
+  if (v.is_object() && v.contains("elem")) return ElementText(v["elem"].value("val", json()));
+  return "";
+}
+
+// The parts of a concatenation, as text.
+std::vector<std::string> Parts(const json& v) {
+  std::vector<std::string> out;
+  const json& val = v.is_object() && v.contains("elem") ? v["elem"]["val"] : v;
+  if (val.is_object() && val.contains("concat")) {
+    for (const auto& part : val["concat"]) out.push_back(ElementText(part));
+  } else {
+    out.push_back(ElementText(val));
+  }
+  return out;
 }
 
 }  // namespace
@@ -99,8 +150,47 @@ Result<std::unique_ptr<Firewall>> Firewall::Open(const FirewallConfig& config) {
   fw->lib_ = std::move(l);
 
   const std::string& t = config.table;
+  std::lock_guard lock(fw->mu_);
+  // What is there: a restarted daemon's sandboxes keep their elements.
+  std::string s;
+  std::string listed;
+  if (fw->Run(StrCat("list table inet ", t), &listed).ok()) {
+    json table = json::parse(listed, nullptr, false);
+    bool older = false;  // chains of each sandbox (daemons before 2026-12-03)
+    std::map<std::string, uint32_t> sandboxes;
+    for (const auto& item : table.is_object() ? table.value("nftables", json::array()) : json::array()) {
+      const std::string chain = item.contains("chain") ? item["chain"].value("name", "") : "";
+      if (chain.starts_with("o_") || chain == "from_sandbox") older = true;
+      const std::string map = item.contains("map") ? item["map"].value("name", "") : "";
+      if (map != "out4" && map != "from4") continue;
+      for (const auto& e : item["map"].value("elem", json::array())) {
+        if (!e.is_array() || e.size() != 2 || !e[1].contains("goto")) continue;
+        std::string target = e[1]["goto"].value("target", "");
+        auto parts = Parts(e[0]);
+        auto address = ParseIpv4(parts.back());
+        if (target.starts_with("o_") && address) sandboxes[target.substr(2)] = *address;
+      }
+    }
+    if (older) {
+      // Made anew in the transaction below; each sandbox refuses
+      // everything until adoption writes its policy (recovery removes the
+      // rest).
+      s += StrCat("delete table inet ", t, "\n");
+      for (const auto& [key, address] : sandboxes) {
+        Entry& e = fw->entries_[key];
+        e.ifname = config.if_prefix + key;
+        e.address = address;
+        e.out = "out_refuse";
+        e.in = "in_none";
+      }
+    } else {
+      STRATA_RETURN_IF_ERROR(fw->ReadBack(table).Annotate("nftables: read table " + t));
+    }
+  }
+
   const std::string pre = config.if_prefix + "*";
   const std::string gw = Ipv4ToString(config.gateway);
+  const std::string pool = config.pool.ToString();
   std::string never_text, private_text, ok_text, doh_text;
   for (const auto& r : MergeRanges(fw->never_)) never_text += (never_text.empty() ? "" : ", ") + RangeText(r);
   for (const char* r : kPrivateRanges) private_text += (private_text.empty() ? "" : ", ") + std::string(r);
@@ -108,102 +198,201 @@ Result<std::unique_ptr<Firewall>> Firewall::Open(const FirewallConfig& config) {
   for (const char* r : kDohResolvers) doh_text += (doh_text.empty() ? "" : ", ") + std::string(r);
 
   // The base: `add` makes what is missing and keeps what is there; the
-  // node-wide parts are rewritten every time (a daemon restart or upgrade
-  // keeps every sandbox's chains and sets as they are).
-  std::string s;
-  {
-    s += StrCat("add table inet ", t, "\n");
-    s += StrCat("add set inet ", t, " never4 { type ipv4_addr; flags interval; }\n");
-    s += StrCat("add set inet ", t, " private4 { type ipv4_addr; flags interval; }\n");
-    s += StrCat("add set inet ", t, " private_ok4 { type ipv4_addr; flags interval; }\n");
-    s += StrCat("add set inet ", t, " doh4 { type ipv4_addr; }\n");
-    s += StrCat("add set inet ", t, " ifs4 { type ifname; }\n");
-    s += StrCat("add set inet ", t, " src4 { type ifname . ipv4_addr; }\n");
-    s += StrCat("add map inet ", t, " from4 { type ifname . ipv4_addr : verdict; }\n");
-    s += StrCat("add map inet ", t, " to4 { type ifname . ipv4_addr : verdict; }\n");
-    s += StrCat("add map inet ", t, " refused4 { type ipv4_addr : counter; }\n");
-    s += StrCat("add chain inet ", t, " refuse\n");
-    s += StrCat("add chain inet ", t, " refuse_answer\n");
-    s += StrCat("add chain inet ", t, " node_from_sandbox\n");
-    s += StrCat("add chain inet ", t, " forward { type filter hook forward priority filter; policy accept; }\n");
-    s += StrCat("add chain inet ", t, " input { type filter hook input priority filter; policy accept; }\n");
-    s += StrCat("add table ip ", t, "_nat\n");
-    s += StrCat("add chain ip ", t, "_nat postrouting { type nat hook postrouting priority srcnat; policy accept; }\n");
-  }
+  // node-wide sets and the chains are rewritten every time (a daemon
+  // restart or upgrade keeps every sandbox's elements as they are).
+  const char* const sets[] = {
+      "never4 { type ipv4_addr; flags interval; }",
+      "private4 { type ipv4_addr; flags interval; }",
+      "private_ok4 { type ipv4_addr; flags interval; }",
+      "doh4 { type ipv4_addr; }",
+      // Per sandbox: its interface, and its interface with its address.
+      "ifs4 { type ifname; }",
+      "src4 { type ifname . ipv4_addr; }",
+      // Its generation (the conntrack mark of what its policy admitted),
+      // as a set to match and a map to set it from.
+      "cur4 { type ipv4_addr . mark; }",
+      // Connections admitted (once per generation) and packets refused.
+      "okc4 { type ipv4_addr; counter; }",
+      "noc4 { type ipv4_addr; counter; }",
+      // What names resolved to, until their TTL (plus grace): sandbox .
+      // address, on every port or on one.
+      "adm4 { type ipv4_addr . ipv4_addr; flags timeout; }",
+      "admp4 { type ipv4_addr . ipv4_addr . inet_service; flags timeout; }",
+      // Its policy's networks: sandbox . address range . port range.
+      "net4 { type ipv4_addr . ipv4_addr . inet_service; flags interval; }",
+  };
+  const char* const maps[] = {
+      // The chains of its mode: from it (by interface and source, so a
+      // spoofed source matches nothing) and to it.
+      "from4 { type ifname . ipv4_addr : verdict; }",
+      "to4 { type ifname . ipv4_addr : verdict; }",
+      "gen4 { type ipv4_addr : mark; }",
+  };
+  const char* const chains[] = {"refuse",    "refuse_answer", "node_from_sandbox", "out_allow", "out_open", "out_admit",
+                                "out_refuse", "in_allow",      "in_open",           "in_none",   "in_admit"};
+  s += StrCat("add table inet ", t, "\n");
+  for (const char* set : sets) s += StrCat("add set inet ", t, " ", set, "\n");
+  for (const char* map : maps) s += StrCat("add map inet ", t, " ", map, "\n");
+  for (const char* chain : chains) s += StrCat("add chain inet ", t, " ", chain, "\n");
+  s += StrCat("add chain inet ", t, " forward { type filter hook forward priority filter; policy accept; }\n");
+  s += StrCat("add chain inet ", t, " input { type filter hook input priority filter; policy accept; }\n");
+  s += StrCat("add table ip ", t, "_nat\n");
+  s += StrCat("add chain ip ", t, "_nat postrouting { type nat hook postrouting priority srcnat; policy accept; }\n");
   for (const char* set : {"never4", "private4", "private_ok4", "doh4"}) s += StrCat("flush set inet ", t, " ", set, "\n");
   s += StrCat("add element inet ", t, " never4 { ", never_text, " }\n");
   s += StrCat("add element inet ", t, " private4 { ", private_text, " }\n");
   if (!ok_text.empty()) s += StrCat("add element inet ", t, " private_ok4 { ", ok_text, " }\n");
   s += StrCat("add element inet ", t, " doh4 { ", doh_text, " }\n");
-  for (const char* chain : {"refuse", "refuse_answer", "node_from_sandbox", "forward", "input"}) {
-    s += StrCat("flush chain inet ", t, " ", chain, "\n");
-  }
+  for (const char* chain : chains) s += StrCat("flush chain inet ", t, " ", chain, "\n");
+  for (const char* chain : {"forward", "input"}) s += StrCat("flush chain inet ", t, " ", chain, "\n");
   s += StrCat("flush chain ip ", t, "_nat postrouting\n");
+  auto rule = [&](const char* chain, const std::string& body) { s += StrCat("add rule inet ", t, " ", chain, " ", body, "\n"); };
   // Refusals fail fast: a TCP reset (ECONNREFUSED), else ICMP port unreachable.
-  s += StrCat("add rule inet ", t, " refuse meta l4proto tcp reject with tcp reset\n");
-  s += StrCat("add rule inet ", t, " refuse reject with icmpx port-unreachable\n");
+  rule("refuse", "meta l4proto tcp reject with tcp reset");
+  rule("refuse", "reject with icmpx port-unreachable");
   // An answer on a connection the policy no longer admits: a TCP segment
   // becomes a reset for the sandbox (its sequence number is the one the
   // sandbox expects, so the sandbox's socket fails with ECONNRESET even
   // while it only receives); the peer's next segment finds no connection
   // and is refused.
-  s += StrCat("add rule inet ", t, " refuse_answer meta l4proto tcp tcp flags set rst | ack accept\n");
-  s += StrCat("add rule inet ", t, " refuse_answer drop\n");
+  rule("refuse_answer", "meta l4proto tcp tcp flags set rst | ack accept");
+  rule("refuse_answer", "drop");
   // Every forwarded packet of the node passes here, so a sandbox's packet
-  // finds its chain in one lookup: from a sandbox by its interface and its
-  // own address (a spoofed source matches no element), to a sandbox by its
-  // interface and address (its chain lets answers in, nothing else). Only
-  // this node's interfaces are keys (another node's daemon on the host has
-  // its own table and pool). What matches no element fails closed: IPv6
-  // (sandboxes have none) or a wrong source on a sandbox's interface, and
-  // a pool address on any interface without rules (a warm namespace, a
-  // veth whose rules are gone) or arriving from elsewhere (a spoof).
-  const std::string pool = config.pool.ToString();
-  s += StrCat("add rule inet ", t, " forward iifname . ip saddr vmap @from4\n");
-  s += StrCat("add rule inet ", t, " forward oifname . ip daddr vmap @to4\n");
-  s += StrCat("add rule inet ", t, " forward iifname @ifs4 drop\n");
-  s += StrCat("add rule inet ", t, " forward oifname @ifs4 drop\n");
-  s += StrCat("add rule inet ", t, " forward ip saddr ", pool, " drop\n");
-  s += StrCat("add rule inet ", t, " forward ip daddr ", pool, " drop\n");
-  s += StrCat("add rule inet ", t, " input iifname @ifs4 jump node_from_sandbox\n");
-  s += StrCat("add rule inet ", t, " input iifname != \"lo\" ip saddr ", pool, " drop\n");
-  // To the node itself: the DNS proxy's port, nothing else.
-  s += StrCat("add rule inet ", t, " node_from_sandbox iifname . ip saddr != @src4 drop\n");
-  s += StrCat("add rule inet ", t, " node_from_sandbox ip daddr ", gw, " udp dport ", config.dns_port, " accept\n");
-  s += StrCat("add rule inet ", t, " node_from_sandbox ip daddr ", gw, " tcp dport ", config.dns_port, " accept\n");
-  // (Two rules: a sandbox without a counter element must be refused too.)
-  s += StrCat("add rule inet ", t, " node_from_sandbox counter name ip saddr map @refused4\n");
-  s += StrCat("add rule inet ", t, " node_from_sandbox goto refuse\n");
-  s += StrCat("add rule ip ", t, "_nat postrouting ip saddr ", config.pool.ToString(), " oifname != \"", pre,
-              "\" masquerade\n");
-  // A table of a daemon before 2026-12-03 found its sandboxes' chains
-  // through two more chains and maps keyed by address alone: its elements
-  // move to the maps above, in the same transaction.
-  if (fw->Exists(StrCat("map inet ", t, " out4"))) {
-    STRATA_ASSIGN_OR_RETURN(auto old, fw->ListMap("out4"));
-    for (const auto& [key, address] : old) {
-      s += fw->DispatchElements("add", {key, config.if_prefix + key, address});
-      // Its answers chain had these in to_sandbox, before it (adoption
-      // writes its rules again anyway).
-      s += StrCat("insert rule inet ", t, " r_", key, " ct direction original goto refuse\n");
-      s += StrCat("insert rule inet ", t, " r_", key, " ct state invalid drop\n");
+  // finds the chain of its mode in one lookup: from a sandbox by its
+  // interface and its own address (a spoofed source matches no element),
+  // to a sandbox by its interface and address. Only this node's interfaces
+  // are keys (another node's daemon on the host has its own table and
+  // pool). What matches no element fails closed: IPv6 (sandboxes have
+  // none) or a wrong source on a sandbox's interface, and a pool address
+  // on any interface without rules (a warm namespace, a veth whose rules
+  // are gone) or arriving from elsewhere (a spoof).
+  rule("forward", "iifname . ip saddr vmap @from4");
+  rule("forward", "oifname . ip daddr vmap @to4");
+  rule("forward", "iifname @ifs4 drop");
+  rule("forward", "oifname @ifs4 drop");
+  rule("forward", StrCat("ip saddr ", pool, " drop"));
+  rule("forward", StrCat("ip daddr ", pool, " drop"));
+  rule("input", "iifname @ifs4 jump node_from_sandbox");
+  rule("input", StrCat("iifname != \"lo\" ip saddr ", pool, " drop"));
+  // From a sandbox (out_*, by destination) and answers to it (in_*, by
+  // source): the same rules, so a connection a new policy refuses is reset
+  // from whichever side speaks next. A connection carries the generation
+  // that admitted it: while that is its sandbox's, no rule beyond the
+  // first looks at it. What names resolved to comes first (the proxy never
+  // admits an always-refused address), then what is always refused.
+  for (int dir = 0; dir < 2; ++dir) {
+    const bool out = dir == 0;
+    const std::string self = out ? "ip saddr" : "ip daddr";
+    const std::string peer = out ? "ip daddr" : "ip saddr";
+    const std::string port = out ? "th dport" : "th sport";
+    const std::string refuse = out ? "goto out_refuse" : "goto refuse_answer";
+    const std::string admit = out ? "goto out_admit" : "goto in_admit";
+    for (const bool allow : {true, false}) {
+      const std::string chain = StrCat(out ? "out_" : "in_", allow ? "allow" : "open");
+      auto add = [&](const std::string& body) { rule(chain.c_str(), body); };
+      add(StrCat(self, " . ct mark @cur4 accept"));
+      if (!out) {
+        // Into a sandbox: answers only (nothing opens a connection into one).
+        add("ct state invalid drop");
+        add("ct direction original goto refuse");
+      }
+      add(StrCat("meta l4proto != { tcp, udp } ", refuse));
+      add(StrCat(port, " { 53, 853 } ", refuse));
+      add(StrCat(self, " . ", peer, " @adm4 ", admit));
+      add(StrCat(self, " . ", peer, " . ", port, " @admp4 ", admit));
+      add(StrCat(peer, " @never4 ", refuse));
+      add(StrCat(peer, " @private4 ", peer, " != @private_ok4 ", refuse));
+      add(StrCat(peer, " @doh4 ", port, " 443 ", refuse));
+      if (allow) {
+        add(StrCat(self, " . ", peer, " . ", port, " @net4 ", admit));
+        add(refuse);
+      } else {
+        add(admit);
+      }
     }
-    for (const char* chain : {"from_sandbox", "to_sandbox"}) s += StrCat("flush chain inet ", t, " ", chain, "\n");
-    for (const char* chain : {"from_sandbox", "to_sandbox"}) s += StrCat("delete chain inet ", t, " ", chain, "\n");
-    for (const char* map : {"out4", "in4"}) s += StrCat("delete map inet ", t, " ", map, "\n");
+  }
+  rule("out_admit", "ct mark set ip saddr map @gen4");
+  rule("out_admit", "ip saddr @okc4 accept");
+  rule("out_admit", "accept");
+  rule("out_refuse", "ip saddr @noc4");
+  rule("out_refuse", "goto refuse");
+  rule("in_none", "ct state invalid drop");
+  rule("in_none", "ct direction original goto refuse");
+  rule("in_none", "goto refuse_answer");
+  rule("in_admit", "ct mark set ip daddr map @gen4 accept");
+  // To the node itself: the DNS proxy's port, nothing else.
+  rule("node_from_sandbox", "iifname . ip saddr != @src4 drop");
+  rule("node_from_sandbox", StrCat("ip daddr ", gw, " udp dport ", config.dns_port, " accept"));
+  rule("node_from_sandbox", StrCat("ip daddr ", gw, " tcp dport ", config.dns_port, " accept"));
+  rule("node_from_sandbox", "ip saddr @noc4");
+  rule("node_from_sandbox", "goto refuse");
+  s += StrCat("add rule ip ", t, "_nat postrouting ip saddr ", pool, " oifname != \"", pre, "\" masquerade\n");
+  // An older table's sandboxes, refusing until adopted.
+  for (const auto& [key, e] : fw->entries_) {
+    if (e.generation == 0) s += fw->Elements("add", e);
   }
   Status st = fw->Run(s);
   if (!st.ok()) return st.Annotate("nftables: set up table " + t);
   return fw;
 }
 
-bool Firewall::Exists(const std::string& what) {
-  std::lock_guard lock(mu_);
-  return lib_->run(lib_->ctx, ("list " + what).c_str()) == 0;
+Status Firewall::ReadBack(const json& table) {
+  const std::string& prefix = config_.if_prefix;
+  std::map<uint32_t, std::string> key_of;
+  auto items = table.is_object() ? table.value("nftables", json::array()) : json::array();
+  // Sandboxes first (from4), then what each has.
+  for (const auto& item : items) {
+    if (!item.contains("map") || item["map"].value("name", "") != "from4") continue;
+    for (const auto& e : item["map"].value("elem", json::array())) {
+      if (!e.is_array() || e.size() != 2 || !e[1].contains("goto")) continue;
+      auto parts = Parts(e[0]);
+      auto address = parts.size() == 2 ? ParseIpv4(parts[1]) : std::nullopt;
+      if (!address || !parts[0].starts_with(prefix)) continue;
+      const std::string key = parts[0].substr(prefix.size());
+      Entry& entry = entries_[key];
+      entry.ifname = parts[0];
+      entry.address = *address;
+      entry.out = e[1]["goto"].value("target", "");
+      key_of[*address] = key;
+    }
+  }
+  const auto now = std::chrono::steady_clock::now();
+  for (const auto& item : items) {
+    for (const char* kind : {"map", "set"}) {
+      if (!item.contains(kind)) continue;
+      const std::string name = item[kind].value("name", "");
+      for (const auto& e : item[kind].value("elem", json::array())) {
+        auto parts = Parts(e.is_array() && !e.empty() ? e[0] : e);
+        auto address = parts.empty() ? std::nullopt : ParseIpv4(parts[0]);
+        auto it = address ? key_of.find(*address) : key_of.end();
+        if (name == "to4" && e.is_array() && e.size() == 2 && e[1].contains("goto") && parts.size() == 2) {
+          // (keyed by interface . address)
+          if (auto a = ParseIpv4(parts[1]); a && key_of.count(*a)) entries_[key_of[*a]].in = e[1]["goto"].value("target", "");
+          continue;
+        }
+        if (it == key_of.end()) continue;
+        Entry& entry = entries_[it->second];
+        if (name == "gen4" && e.is_array() && e.size() == 2 && e[1].is_number_unsigned()) {
+          entry.generation = e[1].get<uint32_t>();
+        } else if (name == "net4") {
+          entry.nets.push_back(ElementText(e));
+        } else if ((name == "adm4" && parts.size() == 2) || (name == "admp4" && parts.size() == 3)) {
+          auto peer = ParseIpv4(parts[1]);
+          if (!peer) continue;
+          const uint16_t p = name == "adm4" ? 0 : static_cast<uint16_t>(std::stoul(parts[2]));
+          const int64_t left = e.is_object() && e.contains("elem") ? e["elem"].value("expires", int64_t{0}) : 0;
+          entry.admitted[{*peer, p}] = now + std::chrono::seconds(left + 1);
+        }
+      }
+    }
+  }
+  for (const auto& [key, e] : entries_) {
+    if (e.in.empty() || e.out.empty()) return Error(EBADMSG, "sandbox " + key + " has half of its chains' elements");
+  }
+  return OkStatus();
 }
 
 Status Firewall::Run(const std::string& script, std::string* output) {
-  std::lock_guard lock(mu_);
   void* ctx = output ? lib_->json_ctx : lib_->ctx;
   if (lib_->run(ctx, script.c_str()) != 0) {
     std::string err = lib_->get_error(ctx);
@@ -216,161 +405,181 @@ Status Firewall::Run(const std::string& script, std::string* output) {
   return OkStatus();
 }
 
-std::string Firewall::SandboxObjects(const SandboxRules& r) const {
-  const std::string& t = config_.table;
-  const std::string& k = r.key;
-  std::string s;
-  s += StrCat("add set inet ", t, " n_", k, " { type ipv4_addr; flags timeout; }\n");
-  s += StrCat("add set inet ", t, " np_", k, " { type ipv4_addr . inet_service; flags timeout; }\n");
-  s += StrCat("add set inet ", t, " c_", k, " { type ipv4_addr; flags interval; }\n");
-  s += StrCat("add set inet ", t, " cp_", k, " { type ipv4_addr . inet_service; flags interval; }\n");
-  s += StrCat("add counter inet ", t, " ok_", k, "\n");
-  s += StrCat("add counter inet ", t, " no_", k, "\n");
-  s += StrCat("add chain inet ", t, " o_", k, "\n");
-  s += StrCat("add chain inet ", t, " r_", k, "\n");
-  return s;
-}
-
-std::string Firewall::PolicyRules(const SandboxRules& r) const {
-  const std::string& t = config_.table;
-  const std::string& k = r.key;
-  const std::string mark = Hex32(r.generation);
-  std::string s;
-  // o_KEY judges packets from the sandbox (by destination), r_KEY answers
-  // to it (by their source): the same rules, so a connection a new policy
-  // refuses is reset from whichever side speaks next.
-  for (int dir = 0; dir < 2; ++dir) {
-    const std::string chain = (dir == 0 ? "o_" : "r_") + k;
-    const std::string addr = dir == 0 ? "ip daddr" : "ip saddr";
-    const std::string port = dir == 0 ? "th dport" : "th sport";
-    const std::string refuse = dir == 0 ? StrCat("counter name no_", k, " goto refuse") : "goto refuse_answer";
-    const std::string admit = dir == 0 ? StrCat("ct mark set ", mark, " counter name ok_", k, " accept")
-                                       : StrCat("ct mark set ", mark, " accept");
-    auto rule = [&](const std::string& body) { s += StrCat("add rule inet ", t, " ", chain, " ", body, "\n"); };
-    rule(StrCat("ct mark ", mark, " accept"));
-    // Into a sandbox: answers only (nothing opens a connection into one).
-    if (dir == 1) {
-      rule("ct state invalid drop");
-      rule("ct direction original goto refuse");
-    }
-    if (r.policy.mode != NetMode::kAllow && r.policy.mode != NetMode::kOpen) {
-      rule(refuse);
-      continue;
-    }
-    rule(StrCat("meta l4proto != { tcp, udp } ", refuse));
-    rule(StrCat(port, " { 53, 853 } ", refuse));
-    // What names resolved to first (the common case; the proxy never
-    // admits an always-refused address), then what is always refused.
-    rule(StrCat(addr, " @n_", k, " ", admit));
-    rule(StrCat(addr, " . ", port, " @np_", k, " ", admit));
-    rule(StrCat(addr, " @never4 ", refuse));
-    rule(StrCat(addr, " @private4 ", addr, " != @private_ok4 ", refuse));
-    rule(StrCat(addr, " @doh4 ", port, " 443 ", refuse));
-    if (r.policy.mode == NetMode::kOpen) {
-      rule(admit);
-      continue;
-    }
-    rule(StrCat(addr, " @c_", k, " ", admit));
-    rule(StrCat(addr, " . ", port, " @cp_", k, " ", admit));
-    rule(refuse);
+Firewall::Entry Firewall::EntryFor(const SandboxRules& r) const {
+  Entry e;
+  e.ifname = r.ifname;
+  e.address = r.address;
+  e.generation = r.generation;
+  switch (r.policy.mode) {
+    case NetMode::kAllow: e.out = "out_allow", e.in = "in_allow"; break;
+    case NetMode::kOpen: e.out = "out_open", e.in = "in_open"; break;
+    default: e.out = "out_refuse", e.in = "in_none"; break;
   }
-  // The policy's networks, merged (interval sets take no overlaps).
+  if (r.policy.mode != NetMode::kAllow) return e;
+  // The policy's networks, merged (a set of ranges takes no overlaps): a
+  // network on every port is on 0-65535 (only TCP and UDP get this far),
+  // and a network on one port is kept around those.
   std::vector<Cidr4> any;
   std::map<uint16_t, std::vector<Cidr4>> by_port;
-  if (r.policy.mode == NetMode::kAllow) {
-    for (const auto& e : r.policy.allow) {
-      if (!e.network) continue;
-      if (e.port == 0) any.push_back(*e.network);
-      else by_port[e.port].push_back(*e.network);
-    }
+  for (const auto& a : r.policy.allow) {
+    if (!a.network) continue;
+    if (a.port == 0) any.push_back(*a.network);
+    else by_port[a.port].push_back(*a.network);
   }
-  std::string elements;
-  for (const auto& range : MergeRanges(any)) elements += (elements.empty() ? "" : ", ") + RangeText(range);
-  if (!elements.empty()) s += StrCat("add element inet ", t, " c_", k, " { ", elements, " }\n");
-  elements.clear();
+  const std::string self = Ipv4ToString(r.address);
+  const auto every_port = MergeRanges(any);
+  for (const auto& range : every_port) e.nets.push_back(StrCat(self, " . ", RangeText(range), " . 0-65535"));
   for (const auto& [p, nets] : by_port) {
-    for (const auto& range : MergeRanges(nets)) elements += (elements.empty() ? "" : ", ") + RangeText(range) + " . " + std::to_string(p);
+    for (const auto& range : Subtract(MergeRanges(nets), every_port)) e.nets.push_back(StrCat(self, " . ", RangeText(range), " . ", p));
   }
-  if (!elements.empty()) s += StrCat("add element inet ", t, " cp_", k, " { ", elements, " }\n");
+  return e;
+}
+
+std::string Firewall::Elements(const char* verb, const Entry& e) const {
+  const std::string& t = config_.table;
+  const bool add = std::string_view(verb) == "add";
+  const std::string a = Ipv4ToString(e.address);
+  const std::string at = StrCat("\"", e.ifname, "\" . ", a);
+  std::string s;
+  auto element = [&](const char* set, const std::string& elem) { s += StrCat(verb, " element inet ", t, " ", set, " { ", elem, " }\n"); };
+  element("from4", at + (add ? " : goto " + e.out : ""));
+  element("to4", at + (add ? " : goto " + e.in : ""));
+  element("ifs4", StrCat("\"", e.ifname, "\""));
+  element("src4", at);
+  element("okc4", a);
+  element("noc4", a);
+  if (e.generation != 0) {
+    element("cur4", StrCat(a, " . ", Hex32(e.generation)));
+    element("gen4", a + (add ? " : " + Hex32(e.generation) : ""));
+  }
+  for (const auto& net : e.nets) element("net4", net);
   return s;
 }
 
-std::string Firewall::DispatchElements(const char* verb, const SandboxRules& r) const {
+std::string Firewall::Forget(const Entry& e) const {
   const std::string& t = config_.table;
-  const std::string a = Ipv4ToString(r.address);
-  const std::string at = StrCat("\"", r.ifname, "\" . ", a);
-  const bool add = std::string_view(verb) == "add";
+  const std::string a = Ipv4ToString(e.address);
   std::string s;
-  s += StrCat(verb, " element inet ", t, " from4 { ", at, add ? " : goto o_" + r.key : "", " }\n");
-  s += StrCat(verb, " element inet ", t, " to4 { ", at, add ? " : goto r_" + r.key : "", " }\n");
-  s += StrCat(verb, " element inet ", t, " ifs4 { \"", r.ifname, "\" }\n");
-  s += StrCat(verb, " element inet ", t, " src4 { ", at, " }\n");
-  s += StrCat(verb, " element inet ", t, " refused4 { ", a, add ? " : \"no_" + r.key + "\"" : "", " }\n");
+  // Added first: one whose time ran out is not there to delete (and one
+  // that is keeps its time: nftables 1.0.6 cannot update one in place).
+  for (const auto& [to, until] : e.admitted) {
+    const auto [peer, p] = to;
+    const std::string set = p == 0 ? "adm4" : "admp4";
+    const std::string elem = p == 0 ? StrCat(a, " . ", Ipv4ToString(peer)) : StrCat(a, " . ", Ipv4ToString(peer), " . ", p);
+    s += StrCat("add element inet ", t, " ", set, " { ", elem, " timeout 1s }\n");
+    s += StrCat("delete element inet ", t, " ", set, " { ", elem, " }\n");
+  }
+  return s;
+}
+
+std::string Firewall::AdmitElements(const Entry& e, const Admission& adm) const {
+  const std::string& t = config_.table;
+  const std::string a = Ipv4ToString(e.address);
+  std::string s;
+  // add + delete + add: an element already there gets the new timeout
+  // (nftables 1.0.6 cannot update one in place).
+  for (uint32_t peer : adm.addresses) {
+    for (uint16_t p : adm.ports) {
+      const std::string set = p == 0 ? "adm4" : "admp4";
+      const std::string elem = p == 0 ? StrCat(a, " . ", Ipv4ToString(peer)) : StrCat(a, " . ", Ipv4ToString(peer), " . ", p);
+      s += StrCat("add element inet ", t, " ", set, " { ", elem, " }\n");
+      s += StrCat("delete element inet ", t, " ", set, " { ", elem, " }\n");
+      s += StrCat("add element inet ", t, " ", set, " { ", elem, " timeout ", std::max<uint32_t>(adm.seconds, 1), "s }\n");
+    }
+  }
   return s;
 }
 
 Status Firewall::AddSandbox(const SandboxRules& r) {
-  std::string s = SandboxObjects(r) + PolicyRules(r) + DispatchElements("add", r);
-  return Run(s).Annotate("nftables: add the rules of sandbox " + r.key);
+  std::lock_guard lock(mu_);
+  if (entries_.count(r.key)) return Error(EEXIST, "nftables: the rules of sandbox " + r.key + " exist");
+  Entry e = EntryFor(r);
+  STRATA_RETURN_IF_ERROR(Run(Elements("add", e)).Annotate("nftables: add the rules of sandbox " + r.key));
+  entries_[r.key] = std::move(e);
+  return OkStatus();
 }
 
 Status Firewall::ReplacePolicy(const SandboxRules& next, const std::vector<Admission>& keep) {
+  std::lock_guard lock(mu_);
+  auto it = entries_.find(next.key);
+  if (it == entries_.end()) return Error(ENOENT, "nftables: no rules of sandbox " + next.key);
+  const Entry& old = it->second;
+  Entry e = EntryFor(next);
+  // Its interface's elements and its counters stay.
   const std::string& t = config_.table;
+  const std::string a = Ipv4ToString(old.address);
+  const std::string at = StrCat("\"", old.ifname, "\" . ", a);
   std::string s;
-  for (const char* chain : {"o_", "r_"}) s += StrCat("flush chain inet ", t, " ", chain, next.key, "\n");
-  for (const char* set : {"n_", "np_", "c_", "cp_"}) s += StrCat("flush set inet ", t, " ", set, next.key, "\n");
-  s += PolicyRules(next);
-  // (Already there but after an upgrade from a table of older maps.)
-  s += DispatchElements("add", next);
-  for (const auto& a : keep) s += AdmitElements(next.key, a);
-  return Run(s).Annotate("nftables: change the policy of sandbox " + next.key);
-}
-
-std::string Firewall::AdmitElements(const std::string& key, const Admission& a) const {
-  const std::string& t = config_.table;
-  std::string s;
-  // add + delete + add: an element already there gets the new timeout
-  // (nftables 1.0.6 cannot update one in place).
-  for (uint32_t addr : a.addresses) {
-    for (uint16_t p : a.ports) {
-      const std::string set = p == 0 ? "n_" + key : "np_" + key;
-      const std::string elem = p == 0 ? Ipv4ToString(addr) : StrCat(Ipv4ToString(addr), " . ", p);
-      s += StrCat("add element inet ", t, " ", set, " { ", elem, " }\n");
-      s += StrCat("delete element inet ", t, " ", set, " { ", elem, " }\n");
-      s += StrCat("add element inet ", t, " ", set, " { ", elem, " timeout ", std::max<uint32_t>(a.seconds, 1), "s }\n");
+  s += StrCat("delete element inet ", t, " from4 { ", at, " }\n");
+  s += StrCat("delete element inet ", t, " to4 { ", at, " }\n");
+  if (old.generation != 0) {
+    s += StrCat("delete element inet ", t, " cur4 { ", a, " . ", Hex32(old.generation), " }\n");
+    s += StrCat("delete element inet ", t, " gen4 { ", a, " }\n");
+  }
+  for (const auto& net : old.nets) s += StrCat("delete element inet ", t, " net4 { ", net, " }\n");
+  s += Forget(old);
+  s += StrCat("add element inet ", t, " from4 { ", at, " : goto ", e.out, " }\n");
+  s += StrCat("add element inet ", t, " to4 { ", at, " : goto ", e.in, " }\n");
+  s += StrCat("add element inet ", t, " cur4 { ", a, " . ", Hex32(e.generation), " }\n");
+  s += StrCat("add element inet ", t, " gen4 { ", a, " : ", Hex32(e.generation), " }\n");
+  for (const auto& net : e.nets) s += StrCat("add element inet ", t, " net4 { ", net, " }\n");
+  const auto now = std::chrono::steady_clock::now();
+  for (const auto& adm : keep) {
+    s += AdmitElements(e, adm);
+    for (uint32_t peer : adm.addresses) {
+      for (uint16_t p : adm.ports) e.admitted[{peer, p}] = now + std::chrono::seconds(std::max<uint32_t>(adm.seconds, 1) + 1);
     }
   }
-  return s;
+  STRATA_RETURN_IF_ERROR(Run(s).Annotate("nftables: change the policy of sandbox " + next.key));
+  it->second = std::move(e);
+  return OkStatus();
 }
 
 Status Firewall::Admit(const std::string& key, const std::vector<uint32_t>& addresses, const std::vector<uint16_t>& ports,
                        uint32_t seconds) {
   if (addresses.empty() || ports.empty()) return OkStatus();
-  return Run(AdmitElements(key, {addresses, ports, seconds})).Annotate("nftables: admit resolved addresses for sandbox " + key);
+  std::lock_guard lock(mu_);
+  auto it = entries_.find(key);
+  if (it == entries_.end()) return Error(ENOENT, "nftables: no rules of sandbox " + key);
+  Entry& e = it->second;
+  STRATA_RETURN_IF_ERROR(Run(AdmitElements(e, {addresses, ports, seconds})).Annotate("nftables: admit resolved addresses for sandbox " + key));
+  // What ran out is gone from the kernel's view (and from its set soon).
+  const auto now = std::chrono::steady_clock::now();
+  std::erase_if(e.admitted, [&](const auto& kv) { return kv.second < now; });
+  for (uint32_t peer : addresses) {
+    for (uint16_t p : ports) e.admitted[{peer, p}] = now + std::chrono::seconds(std::max<uint32_t>(seconds, 1) + 1);
+  }
+  return OkStatus();
 }
 
-Status Firewall::RemoveSandbox(const std::string& key, const std::string& ifname, uint32_t address, bool check) {
-  const std::string& t = config_.table;
-  // AddSandbox made everything in one transaction: all of it is there or
-  // none is, and it goes in one transaction too.
-  if (check && !Exists(StrCat("chain inet ", t, " o_", key))) return OkStatus();
-  std::string s;
-  if (address != 0) s += DispatchElements("delete", {key, ifname, address});
-  for (const char* chain : {"o_", "r_"}) s += StrCat("delete chain inet ", t, " ", chain, key, "\n");
-  for (const char* set : {"n_", "np_", "c_", "cp_"}) s += StrCat("delete set inet ", t, " ", set, key, "\n");
-  for (const char* counter : {"ok_", "no_"}) s += StrCat("delete counter inet ", t, " ", counter, key, "\n");
-  return Run(s).Annotate("nftables: remove the rules of sandbox " + key);
+Status Firewall::RemoveSandbox(const std::string& key) {
+  std::lock_guard lock(mu_);
+  auto it = entries_.find(key);
+  if (it == entries_.end()) return OkStatus();
+  // All of it in one transaction, as it came.
+  STRATA_RETURN_IF_ERROR(Run(Elements("delete", it->second) + Forget(it->second)).Annotate("nftables: remove the rules of sandbox " + key));
+  entries_.erase(it);
+  return OkStatus();
 }
 
 Result<FirewallCounters> Firewall::Counters(const std::string& key) {
+  std::lock_guard lock(mu_);
+  auto it = entries_.find(key);
+  if (it == entries_.end()) return Error(ENOENT, "nftables: no rules of sandbox " + key);
+  const std::string a = Ipv4ToString(it->second.address);
   FirewallCounters c;
-  for (auto [name, field] : {std::pair{"ok_", &c.allowed}, std::pair{"no_", &c.refused}}) {
+  for (auto [set, field] : {std::pair{"okc4", &c.allowed}, std::pair{"noc4", &c.refused}}) {
     std::string out;
-    STRATA_RETURN_IF_ERROR(Run(StrCat("list counter inet ", config_.table, " ", name, key), &out));
+    STRATA_RETURN_IF_ERROR(Run(StrCat("list set inet ", config_.table, " ", set), &out));
     json j = json::parse(out, nullptr, false);
     if (!j.is_object()) continue;
     for (const auto& item : j.value("nftables", json::array())) {
-      if (item.contains("counter")) *field = item["counter"].value("packets", uint64_t{0});
+      if (!item.contains("set")) continue;
+      for (const auto& e : item["set"].value("elem", json::array())) {
+        if (e.is_object() && e.contains("elem") && e["elem"].value("val", "") == a && e["elem"].contains("counter")) {
+          *field = e["elem"]["counter"].value("packets", uint64_t{0});
+        }
+      }
     }
   }
   return c;
@@ -390,29 +599,10 @@ bool Firewall::AlwaysRefused(uint32_t address) const {
   return false;
 }
 
-Result<std::map<std::string, uint32_t>> Firewall::List() { return ListMap("from4"); }
-
-Result<std::map<std::string, uint32_t>> Firewall::ListMap(const std::string& map) {
-  std::string out;
-  STRATA_RETURN_IF_ERROR(Run(StrCat("list map inet ", config_.table, " ", map), &out));
+std::map<std::string, uint32_t> Firewall::List() {
+  std::lock_guard lock(mu_);
   std::map<std::string, uint32_t> result;
-  json j = json::parse(out, nullptr, false);
-  if (!j.is_object()) return result;
-  for (const auto& item : j.value("nftables", json::array())) {
-    if (!item.contains("map")) continue;
-    for (const auto& e : item["map"].value("elem", json::array())) {
-      if (!e.is_array() || e.size() != 2) continue;
-      // The key is the address (out4, older tables) or interface . address.
-      const json* key = &e[0];
-      if (key->is_object() && key->contains("concat") && (*key)["concat"].is_array() && (*key)["concat"].size() == 2) {
-        key = &(*key)["concat"][1];
-      }
-      if (!key->is_string()) continue;
-      std::string target = e[1].contains("goto") ? e[1]["goto"].value("target", "") : "";
-      auto addr = ParseIpv4(key->get<std::string>());
-      if (target.starts_with("o_") && addr) result[target.substr(2)] = *addr;
-    }
-  }
+  for (const auto& [key, e] : entries_) result[key] = e.address;
   return result;
 }
 

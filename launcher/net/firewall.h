@@ -1,13 +1,18 @@
 // The node's packet filter for sandbox networks, in nftables (libnftables,
-// loaded on first use). One table holds every sandbox's rules; each sandbox
-// has its own chains, sets and counters, named by its key, so adding,
-// changing and removing a sandbox is one atomic transaction that touches
-// nothing else. docs/security.md ("Sandbox networks") explains the rules.
+// loaded on first use). One table holds the rules of every sandbox: chains
+// shared by all of them, per mode, and node-wide sets and maps whose
+// elements are keyed by a sandbox's address (its mode, its generation,
+// its networks, what names resolved to, its counters). Adding, changing
+// and removing a sandbox is one atomic transaction of elements alone, so
+// its cost does not grow with the number of sandboxes (libnftables reads
+// the table's chains, sets and objects before every transaction).
+// docs/network.md ("Rules") explains the rules.
 #pragma once
 
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <chrono>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -45,7 +50,10 @@ struct FirewallCounters {
 class Firewall {
  public:
   // Loads libnftables and makes (or keeps) the node's tables; the node-wide
-  // sets are set from `config` every time.
+  // sets and chains are set from `config` every time, each sandbox's
+  // elements are kept (and read back, so they can be changed and removed).
+  // A table an older daemon left with chains of each sandbox is made anew:
+  // its sandboxes refuse everything until adoption writes their policy.
   static Result<std::unique_ptr<Firewall>> Open(const FirewallConfig& config);
   ~Firewall();
 
@@ -60,41 +68,50 @@ class Firewall {
   // every open connection is judged again by the new rules on its next
   // packet (in either direction) and reset when they refuse it. What names
   // resolved to is dropped but for `keep` (names the new policy admits).
+  // ENOENT when the filter has nothing of the sandbox.
   Status ReplacePolicy(const SandboxRules& next, const std::vector<Admission>& keep);
   // Admits addresses the DNS proxy resolved for a sandbox, on `ports`
   // ({0}: every port), for `seconds`.
   Status Admit(const std::string& key, const std::vector<uint32_t>& addresses, const std::vector<uint16_t>& ports,
                uint32_t seconds);
-  // Removes everything of the sandbox; with `check`, none of it being there
-  // is fine (without, it saves a query).
-  Status RemoveSandbox(const std::string& key, const std::string& ifname, uint32_t address, bool check = true);
+  // Removes everything of the sandbox (nothing of it there is fine).
+  Status RemoveSandbox(const std::string& key);
   Result<FirewallCounters> Counters(const std::string& key);
   // Whether the rules refuse `address` whatever a policy says (the node's
   // pool, loopback, link-local and metadata, multicast, private ranges
   // the operator did not allow).
   bool AlwaysRefused(uint32_t address) const;
-  // The sandboxes the kernel has rules for: key -> address.
-  Result<std::map<std::string, uint32_t>> List();
+  // The sandboxes the filter has elements of: key -> address.
+  std::map<std::string, uint32_t> List();
 
   const FirewallConfig& config() const { return config_; }
 
  private:
+  // What the kernel holds of one sandbox, to change or remove it exactly.
+  struct Entry {
+    std::string ifname;
+    uint32_t address = 0;
+    uint32_t generation = 0;          // 0: none yet (a sandbox of an older table)
+    std::string out, in;              // the chains its packets go to
+    std::vector<std::string> nets;    // its elements of net4
+    // What names resolved to: (address, port; 0 = every port) -> expiry.
+    std::map<std::pair<uint32_t, uint16_t>, std::chrono::steady_clock::time_point> admitted;
+  };
+
   Firewall() = default;
-  Status Run(const std::string& script, std::string* output = nullptr);
-  std::string SandboxObjects(const SandboxRules& r) const;   // add sets, counters, chains
-  std::string PolicyRules(const SandboxRules& r) const;      // the chains' rules and static elements
-  std::string AdmitElements(const std::string& key, const Admission& a) const;
-  // "add" or "delete" the sandbox's elements of the node-wide sets and maps.
-  std::string DispatchElements(const char* verb, const SandboxRules& r) const;
-  // key -> address of a map whose elements goto o_KEY.
-  Result<std::map<std::string, uint32_t>> ListMap(const std::string& map);
-  bool Exists(const std::string& what);
+  Status Run(const std::string& script, std::string* output = nullptr);  // with mu_ held
+  Entry EntryFor(const SandboxRules& r) const;
+  std::string Elements(const char* verb, const Entry& e) const;  // "add" or "delete" all but admissions
+  std::string Forget(const Entry& e) const;                      // delete its admissions
+  std::string AdmitElements(const Entry& e, const Admission& a) const;
+  Status ReadBack(const nlohmann::json& table);  // entries_ from the kernel's table
 
   FirewallConfig config_;
   std::vector<Cidr4> never_, private_;  // always refused; refused unless allowed
   struct Lib;
   std::unique_ptr<Lib> lib_;
   std::mutex mu_;
+  std::map<std::string, Entry> entries_;  // by key
 };
 
 }  // namespace strata::launcher

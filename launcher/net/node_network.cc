@@ -382,12 +382,9 @@ Status NodeNetwork::Detach(const std::string& id, const SandboxNet& net) {
   auto keep = [&](Status s) {
     if (first.ok() && !s.ok()) first = std::move(s);
   };
-  bool rules_gone = firewall_->RemoveSandbox(net.key, net.ifname, net.address, false).ok();
-  if (!rules_gone) {
-    Status s = firewall_->RemoveSandbox(net.key, net.ifname, net.address, true);
-    rules_gone = s.ok();
-    keep(std::move(s));
-  }
+  Status removed = firewall_->RemoveSandbox(net.key);
+  const bool rules_gone = removed.ok();
+  keep(std::move(removed));
   // The veth goes with the namespace, in the background (see DiscardSlot),
   // once the back end's processes are gone and the sandbox drops `ns`.
   if (!net.netns.empty()) keep(RemoveNetnsFile(net.netns));  // (an older daemon's)
@@ -462,12 +459,10 @@ Status NodeNetwork::Reconcile() {
   }
   // Rules.
   Status first;
-  auto listed = firewall_->List();
-  if (!listed.ok()) first = listed.status();
-  for (const auto& [key, address] : listed.ok() ? *listed : std::map<std::string, uint32_t>{}) {
+  for (const auto& [key, address] : firewall_->List()) {
     if (keys.count(key)) continue;
     STRATA_LOG(kWarn) << "removing the network rules of a sandbox that is gone (" << key << ")";
-    Status s = firewall_->RemoveSandbox(key, config_.if_prefix + key, address);
+    Status s = firewall_->RemoveSandbox(key);
     if (!s.ok() && first.ok()) first = s;
   }
   std::lock_guard lock(mu_);

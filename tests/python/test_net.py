@@ -59,6 +59,10 @@ def node_leftovers(node, wait=3.0):
         time.sleep(0.1)
 
 
+# Node-wide sets and maps whose elements are sandboxes'.
+PER_SANDBOX = ("ifs4", "src4", "from4", "to4", "cur4", "gen4", "okc4", "noc4", "adm4", "admp4", "net4")
+
+
 def rule_leftovers():
     left = []
     for item in nft_json("table", "inet", TABLE):
@@ -67,7 +71,7 @@ def rule_leftovers():
             if re.match(r"^(o|r|n|np|c|cp|ok|no)_[0-9a-f]{12}$", name):
                 left.append(f"{kind} {name}")
         for kind in ("set", "map"):
-            if item.get(kind, {}).get("name") in ("ifs4", "src4", "from4", "to4", "refused4") and item[kind].get("elem"):
+            if item.get(kind, {}).get("name") in PER_SANDBOX and item[kind].get("elem"):
                 left.append(f"elements of {item[kind]['name']}")
     return left
 
@@ -224,6 +228,18 @@ def test_names_that_resolve_where_sandboxes_never_go(client, net_node):
             refused(sb, name)             # but the address stays refused
 
 
+def test_a_network_on_every_port_inside_one_on_a_port(client, net_node):
+    # The two overlap: the range on its port is kept around the address
+    # allowed on every port (a set of ranges takes no overlaps).
+    with client.create(layers=["busybox:1"], network="allow", allow=["198.18.1.2/32", "198.18.1.0/30:8080"]) as sb:
+        assert fetch(sb, "198.18.1.2", 80)[0] == 0
+        assert fetch(sb, "198.18.1.2", 8080)[0] == 0
+        assert fetch(sb, "198.18.1.1", 8080)[0] == 0
+        assert fetch(sb, "198.18.1.3", 8080)[0] == 0
+        refused(sb, "198.18.1.1", 80)
+        refused(sb, "198.18.1.3", 80)
+
+
 def test_wildcard_and_ttl(client, net_node):
     with client.create(layers=["busybox:1"], network="allow", allow=["*.w.test", "a.test:80"]) as sb:
         code, out = fetch(sb, "one.w.test")
@@ -308,40 +324,18 @@ def test_changes_refused_where_they_cannot_apply(client, net_node, internet):
 
 
 def as_older_table():
-    """Rewrites the node's table as daemons before 2026-12-03 left it: the
-    sandboxes' chains found through from_sandbox and to_sandbox and maps
-    keyed by address alone (out4, in4), no from4 and to4."""
+    """Rewrites the node's table as daemons before 2026-12-03 left it: each
+    sandbox with chains of its own (o_KEY, here one that drops all), found
+    through a map keyed by its address (out4)."""
     t = f"inet {TABLE}"
-    elements = ""
+    script = f"delete table {t}\nadd table {t}\nadd map {t} out4 {{ type ipv4_addr : verdict; }}\n"
     for item in nft_json("map", "inet", TABLE, "from4"):
-        for key, verdict in item.get("map", {}).get("elem", []):
-            chain = verdict["goto"]["target"]
-            address = key["concat"][1]
-            elements += f"add element {t} out4 {{ {address} : goto {chain} }}\n"
-            elements += f"add element {t} in4 {{ {address} : goto r_{chain[2:]} }}\n"
-    assert elements
-    script = f"""
-add map {t} out4 {{ type ipv4_addr : verdict; }}
-add map {t} in4 {{ type ipv4_addr : verdict; }}
-add chain {t} from_sandbox
-add chain {t} to_sandbox
-flush chain {t} forward
-add rule {t} from_sandbox iifname . ip saddr != @src4 drop
-add rule {t} from_sandbox ip saddr vmap @out4
-add rule {t} from_sandbox drop
-add rule {t} to_sandbox ct state invalid drop
-add rule {t} to_sandbox ct direction original goto refuse
-add rule {t} to_sandbox ip daddr vmap @in4
-add rule {t} to_sandbox drop
-add rule {t} forward iifname @ifs4 jump from_sandbox
-add rule {t} forward oifname @ifs4 jump to_sandbox
-add rule {t} forward ip saddr {POOL} drop
-add rule {t} forward ip daddr {POOL} drop
-{elements}flush map {t} from4
-flush map {t} to4
-delete map {t} from4
-delete map {t} to4
-"""
+        for key, _ in item.get("map", {}).get("elem", []):
+            ifname, address = key["concat"]
+            chain = "o_" + ifname[len("sx"):]
+            script += f"add chain {t} {chain}\nadd rule {t} {chain} drop\n"
+            script += f"add element {t} out4 {{ {address} : goto {chain} }}\n"
+    assert "add chain" in script
     subprocess.run(["nft", "-f", "-"], input=script, text=True, check=True)
 
 
@@ -370,7 +364,7 @@ def test_restart_keeps_rules_and_leaves_nothing(client, net_node):
         assert not os.path.exists(orphan)
         assert not os.path.exists("/sys/class/net/sx0123456789ab")
         names = {item[k]["name"] for item in nft_json("table", "inet", TABLE) for k in ("map", "chain") if k in item}
-        assert {"from4", "to4"} <= names and not names & {"out4", "in4", "from_sandbox", "to_sandbox"}
+        assert "from4" in names and "out4" not in names and not [n for n in names if n.startswith("o_")], names
     finally:
         sb.destroy()
     assert node_leftovers(net_node) == []
