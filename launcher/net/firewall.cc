@@ -3,8 +3,10 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <set>
 
 #include "common/dynlib.h"
+#include "common/log.h"
 #include "common/strings.h"
 
 namespace strata::launcher {
@@ -152,7 +154,7 @@ Result<std::unique_ptr<Firewall>> Firewall::Open(const FirewallConfig& config) {
   const std::string& t = config.table;
   std::lock_guard lock(fw->mu_);
   // What is there: a restarted daemon's sandboxes keep their elements.
-  std::string s;
+  std::string s, cleanup;
   std::string listed;
   if (fw->Run(StrCat("list table inet ", t), &listed).ok()) {
     json table = json::parse(listed, nullptr, false);
@@ -172,19 +174,19 @@ Result<std::unique_ptr<Firewall>> Firewall::Open(const FirewallConfig& config) {
       }
     }
     if (older) {
-      // Made anew in the transaction below; each sandbox refuses
-      // everything until adoption writes its policy (recovery removes the
+      // Made anew in the transaction below; each sandbox's packets are
+      // dropped (not refused: TCP retransmits, and its open connections
+      // carry on) until adoption writes its policy (recovery removes the
       // rest).
       s += StrCat("delete table inet ", t, "\n");
       for (const auto& [key, address] : sandboxes) {
         Entry& e = fw->entries_[key];
         e.ifname = config.if_prefix + key;
         e.address = address;
-        e.out = "out_refuse";
-        e.in = "in_none";
+        e.out = e.in = "hold";
       }
     } else {
-      STRATA_RETURN_IF_ERROR(fw->ReadBack(table).Annotate("nftables: read table " + t));
+      cleanup = fw->ReadBack(table);
     }
   }
 
@@ -228,8 +230,8 @@ Result<std::unique_ptr<Firewall>> Firewall::Open(const FirewallConfig& config) {
       "to4 { type ifname . ipv4_addr : verdict; }",
       "gen4 { type ipv4_addr : mark; }",
   };
-  const char* const chains[] = {"refuse",    "refuse_answer", "node_from_sandbox", "out_allow", "out_open", "out_admit",
-                                "out_refuse", "in_allow",      "in_open",           "in_none",   "in_admit"};
+  const char* const chains[] = {"refuse",     "refuse_answer", "node_from_sandbox", "out_allow", "out_open", "out_admit",
+                                "out_refuse", "in_allow",      "in_open",           "in_none",   "in_admit", "hold"};
   s += StrCat("add table inet ", t, "\n");
   for (const char* set : sets) s += StrCat("add set inet ", t, " ", set, "\n");
   for (const char* map : maps) s += StrCat("add map inet ", t, " ", map, "\n");
@@ -290,7 +292,9 @@ Result<std::unique_ptr<Firewall>> Firewall::Open(const FirewallConfig& config) {
     for (const bool allow : {true, false}) {
       const std::string chain = StrCat(out ? "out_" : "in_", allow ? "allow" : "open");
       auto add = [&](const std::string& body) { rule(chain.c_str(), body); };
-      add(StrCat(self, " . ct mark @cur4 accept"));
+      // (Into a sandbox, answers only: a connection the kernel expected
+      // for a helper, such as FTP data, carries its master's mark.)
+      add(StrCat(self, " . ct mark @cur4 ", out ? "" : "ct direction reply ", "accept"));
       if (!out) {
         // Into a sandbox: answers only (nothing opens a connection into one).
         add("ct state invalid drop");
@@ -320,6 +324,7 @@ Result<std::unique_ptr<Firewall>> Firewall::Open(const FirewallConfig& config) {
   rule("in_none", "ct direction original goto refuse");
   rule("in_none", "goto refuse_answer");
   rule("in_admit", "ct mark set ip daddr map @gen4 accept");
+  rule("hold", "drop");
   // To the node itself: the DNS proxy's port, nothing else.
   rule("node_from_sandbox", "iifname . ip saddr != @src4 drop");
   rule("node_from_sandbox", StrCat("ip daddr ", gw, " udp dport ", config.dns_port, " accept"));
@@ -327,16 +332,18 @@ Result<std::unique_ptr<Firewall>> Firewall::Open(const FirewallConfig& config) {
   rule("node_from_sandbox", "ip saddr @noc4");
   rule("node_from_sandbox", "goto refuse");
   s += StrCat("add rule ip ", t, "_nat postrouting ip saddr ", pool, " oifname != \"", pre, "\" masquerade\n");
-  // An older table's sandboxes, refusing until adopted.
+  // An older table's sandboxes, held until adopted; and what belongs to no
+  // sandbox, removed.
   for (const auto& [key, e] : fw->entries_) {
-    if (e.generation == 0) s += fw->Elements("add", e);
+    if (e.out == "hold") s += fw->Elements("add", e);
   }
+  s += cleanup;
   Status st = fw->Run(s);
   if (!st.ok()) return st.Annotate("nftables: set up table " + t);
   return fw;
 }
 
-Status Firewall::ReadBack(const json& table) {
+std::string Firewall::ReadBack(const json& table) {
   const std::string& prefix = config_.if_prefix;
   std::map<uint32_t, std::string> key_of;
   auto items = table.is_object() ? table.value("nftables", json::array()) : json::array();
@@ -356,26 +363,46 @@ Status Firewall::ReadBack(const json& table) {
       key_of[*address] = key;
     }
   }
+  // Every element of a sandbox's, by its address (interfaces by name), to
+  // remove those of no whole sandbox: a later sandbox on the address must
+  // not inherit them.
+  struct Seen {
+    std::string set, text;
+    bool timed = false;
+  };
+  std::map<uint32_t, std::vector<Seen>> seen;
+  std::map<std::string, std::vector<Seen>> seen_if;
   const auto now = std::chrono::steady_clock::now();
   for (const auto& item : items) {
     for (const char* kind : {"map", "set"}) {
       if (!item.contains(kind)) continue;
       const std::string name = item[kind].value("name", "");
+      const bool by_interface = name == "from4" || name == "to4" || name == "src4";
+      const bool timed = name == "adm4" || name == "admp4";
+      if (!by_interface && !timed && name != "ifs4" && name != "cur4" && name != "gen4" && name != "okc4" && name != "noc4" &&
+          name != "net4") {
+        continue;
+      }
       for (const auto& e : item[kind].value("elem", json::array())) {
         auto parts = Parts(e.is_array() && !e.empty() ? e[0] : e);
-        auto address = parts.empty() ? std::nullopt : ParseIpv4(parts[0]);
-        auto it = address ? key_of.find(*address) : key_of.end();
-        if (name == "to4" && e.is_array() && e.size() == 2 && e[1].contains("goto") && parts.size() == 2) {
-          // (keyed by interface . address)
-          if (auto a = ParseIpv4(parts[1]); a && key_of.count(*a)) entries_[key_of[*a]].in = e[1]["goto"].value("target", "");
+        if (parts.empty()) continue;
+        if (name == "ifs4") {
+          seen_if[parts[0]].push_back({name, StrCat("\"", parts[0], "\"")});
           continue;
         }
+        auto address = ParseIpv4(by_interface ? (parts.size() == 2 ? parts[1] : "") : parts[0]);
+        if (!address) continue;
+        std::string text = by_interface ? StrCat("\"", parts[0], "\" . ", parts[1]) : ElementText(e.is_array() ? e[0] : e);
+        seen[*address].push_back({name, text, timed});
+        auto it = key_of.find(*address);
         if (it == key_of.end()) continue;
         Entry& entry = entries_[it->second];
-        if (name == "gen4" && e.is_array() && e.size() == 2 && e[1].is_number_unsigned()) {
+        if (name == "to4" && e.is_array() && e.size() == 2 && e[1].contains("goto")) {
+          entry.in = e[1]["goto"].value("target", "");
+        } else if (name == "gen4" && e.is_array() && e.size() == 2 && e[1].is_number_unsigned()) {
           entry.generation = e[1].get<uint32_t>();
         } else if (name == "net4") {
-          entry.nets.push_back(ElementText(e));
+          entry.nets.push_back(text);
         } else if ((name == "adm4" && parts.size() == 2) || (name == "admp4" && parts.size() == 3)) {
           auto peer = ParseIpv4(parts[1]);
           if (!peer) continue;
@@ -386,10 +413,34 @@ Status Firewall::ReadBack(const json& table) {
       }
     }
   }
-  for (const auto& [key, e] : entries_) {
-    if (e.in.empty() || e.out.empty()) return Error(EBADMSG, "sandbox " + key + " has half of its chains' elements");
+  // A sandbox with half of its elements (no transaction leaves one; a hand
+  // may) is removed like a leftover.
+  std::set<std::string> interfaces;
+  for (auto it = entries_.begin(); it != entries_.end();) {
+    if (it->second.in.empty() || it->second.out.empty()) {
+      STRATA_LOG(kWarn) << "nftables: sandbox " << it->first << " has half of its elements; removing them";
+      key_of.erase(it->second.address);
+      it = entries_.erase(it);
+    } else {
+      interfaces.insert(it->second.ifname);
+      ++it;
+    }
   }
-  return OkStatus();
+  std::string cleanup;
+  auto remove = [&](const Seen& e) {
+    if (e.timed) cleanup += StrCat("add element inet ", config_.table, " ", e.set, " { ", e.text, " timeout 1s }\n");
+    cleanup += StrCat("delete element inet ", config_.table, " ", e.set, " { ", e.text, " }\n");
+  };
+  for (const auto& [address, elements] : seen) {
+    if (key_of.count(address)) continue;
+    STRATA_LOG(kWarn) << "nftables: removing " << elements.size() << " elements of no sandbox at " << Ipv4ToString(address);
+    for (const auto& e : elements) remove(e);
+  }
+  for (const auto& [name, elements] : seen_if) {
+    if (interfaces.count(name)) continue;
+    for (const auto& e : elements) remove(e);
+  }
+  return cleanup;
 }
 
 Status Firewall::Run(const std::string& script, std::string* output) {
@@ -523,14 +574,15 @@ Status Firewall::ReplacePolicy(const SandboxRules& next, const std::vector<Admis
   s += StrCat("add element inet ", t, " cur4 { ", a, " . ", Hex32(e.generation), " }\n");
   s += StrCat("add element inet ", t, " gen4 { ", a, " : ", Hex32(e.generation), " }\n");
   for (const auto& net : e.nets) s += StrCat("add element inet ", t, " net4 { ", net, " }\n");
+  for (const auto& adm : keep) s += AdmitElements(e, adm);
+  STRATA_RETURN_IF_ERROR(Run(s).Annotate("nftables: change the policy of sandbox " + next.key));
+  // (After the transaction: the record must not run out before the kernel's.)
   const auto now = std::chrono::steady_clock::now();
   for (const auto& adm : keep) {
-    s += AdmitElements(e, adm);
     for (uint32_t peer : adm.addresses) {
       for (uint16_t p : adm.ports) e.admitted[{peer, p}] = now + std::chrono::seconds(std::max<uint32_t>(adm.seconds, 1) + 1);
     }
   }
-  STRATA_RETURN_IF_ERROR(Run(s).Annotate("nftables: change the policy of sandbox " + next.key));
   it->second = std::move(e);
   return OkStatus();
 }

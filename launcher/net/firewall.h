@@ -92,7 +92,7 @@ class Firewall {
     std::string ifname;
     uint32_t address = 0;
     uint32_t generation = 0;          // 0: none yet (a sandbox of an older table)
-    std::string out, in;              // the chains its packets go to
+    std::string out, in;              // the chains its packets go to ("hold": until adopted)
     std::vector<std::string> nets;    // its elements of net4
     // What names resolved to: (address, port; 0 = every port) -> expiry.
     std::map<std::pair<uint32_t, uint16_t>, std::chrono::steady_clock::time_point> admitted;
@@ -104,7 +104,9 @@ class Firewall {
   std::string Elements(const char* verb, const Entry& e) const;  // "add" or "delete" all but admissions
   std::string Forget(const Entry& e) const;                      // delete its admissions
   std::string AdmitElements(const Entry& e, const Admission& a) const;
-  Status ReadBack(const nlohmann::json& table);  // entries_ from the kernel's table
+  // entries_ from the kernel's table; returns the commands that remove
+  // elements of no whole sandbox.
+  std::string ReadBack(const nlohmann::json& table);
 
   FirewallConfig config_;
   std::vector<Cidr4> never_, private_;  // always refused; refused unless allowed

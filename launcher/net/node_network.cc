@@ -332,7 +332,8 @@ Status NodeNetwork::Adopt(const std::string& id, const SandboxNet& net) {
   // recorded, with the same generation, so open connections it admitted
   // carry on. What names resolved to goes (the next lookup admits again).
   SandboxRules rules{net.key, net.ifname, net.address, net.generation, net.policy};
-  if (firewall_->ReplacePolicy(rules, {}).ok()) return OkStatus();
+  Status replaced = firewall_->ReplacePolicy(rules, {});
+  if (replaced.code() != ENOENT) return replaced;
   STRATA_LOG(kWarn) << "sandbox " << id << ": its network rules were gone; made again";
   return firewall_->AddSandbox(rules);
 }

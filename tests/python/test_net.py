@@ -109,6 +109,7 @@ def host_server():
 def net_node(internet):
     n = make_node(extra=["--net-pool", POOL, "--dns-upstream", RESOLVER, "--dns-grace", "1",
                          "--allow-private", "10.99.2.0/24"])
+    n.internet = internet
     try:
         yield n
     finally:
@@ -206,6 +207,11 @@ def test_allowlist(client, net_node, host_server):
         code, out = fetch(other, "127.0.0.1", 7000)
         assert code == 0 and "hi" in out, out
         refused(sb, other.network()["address"], 7000)
+        # Nothing opens a connection into a sandbox, from outside either.
+        into = subprocess.run(["ip", "netns", "exec", net_node.internet.ns, "/usr/bin/python3", "-c",
+                               "import socket; socket.create_connection((%r, 7000), timeout=3)" % other.network()["address"]],
+                              capture_output=True, text=True)
+        assert into.returncode != 0 and ("refused" in into.stderr or "timed out" in into.stderr), into.stderr
         # Private and metadata addresses (routed into the fake internet, so a
         # rule that let them through would be seen): refused.
         refused(sb, PRIVATE_HOST, 80)
@@ -238,6 +244,11 @@ def test_a_network_on_every_port_inside_one_on_a_port(client, net_node):
         assert fetch(sb, "198.18.1.3", 8080)[0] == 0
         refused(sb, "198.18.1.1", 80)
         refused(sb, "198.18.1.3", 80)
+    # A network on one port inside one on every port (the kernel refuses the
+    # second element of such a pair unless it is cut away).
+    with client.create(layers=["busybox:1"], network="allow", allow=["198.18.1.0/30", "198.18.1.2/32:8080"]) as sb:
+        assert fetch(sb, "198.18.1.1", 80)[0] == 0
+        assert fetch(sb, "198.18.1.2", 8080)[0] == 0
 
 
 def test_wildcard_and_ttl(client, net_node):
@@ -346,7 +357,6 @@ def test_restart_keeps_rules_and_leaves_nothing(client, net_node):
         # The table as an older daemon made it: the restarted daemon moves
         # the sandbox to the maps it uses, in one transaction.
         as_older_table()
-        assert fetch(sb, "a.test")[0] == 0
         # A half-made sandbox network of a crashed daemon: a veth with this
         # node's alias, never recorded; and a namespace file as daemons
         # before 2026-12 bound them.
@@ -365,12 +375,38 @@ def test_restart_keeps_rules_and_leaves_nothing(client, net_node):
         assert not os.path.exists("/sys/class/net/sx0123456789ab")
         names = {item[k]["name"] for item in nft_json("table", "inet", TABLE) for k in ("map", "chain") if k in item}
         assert "from4" in names and "out4" not in names and not [n for n in names if n.startswith("o_")], names
+        # Elements of no sandbox (a hand's, or a crash's): the next restart
+        # removes them, so no later sandbox on that address inherits them.
+        stray = "10.215.0.250"
+        subprocess.run(["nft", "-f", "-"], check=True, text=True, input=(
+            f"add element inet {TABLE} net4 {{ {stray} . 198.18.1.0/24 . 0-65535 }}\n"
+            f"add element inet {TABLE} adm4 {{ {stray} . 198.18.1.1 timeout 600s }}\n"
+            f"add element inet {TABLE} okc4 {{ {stray} }}\n"))
     finally:
         sb.destroy()
-    assert node_leftovers(net_node) == []
-    # kill -9 with a live sandbox, then its destruction after the recovery.
-    sb = client.create(layers=["busybox:1"], network="allow", allow=["a.test"])
     net_node.restart()
+    assert node_leftovers(net_node) == []
+    # kill -9 with a live sandbox whose name was looked up and whose policy
+    # has a network on a port: the restarted daemon reads its elements back,
+    # changes its policy and removes it, to the last element.
+    sb = client.create(layers=["busybox:1"], network="allow", allow=["a.test", "198.18.1.2/32:8080"])
+    assert fetch(sb, "a.test")[0] == 0
+    # (The tests' names live 1 s: an admission as a long TTL leaves it.)
+    elem = f"{{ {sb.network()['address']} . {NAMES['a.test']} }}"
+    subprocess.run(["nft", "-f", "-"], check=True, text=True, input=(
+        f"add element inet {TABLE} adm4 {elem}\ndelete element inet {TABLE} adm4 {elem}\n"
+        f"add element inet {TABLE} adm4 {elem[:-1]} timeout 600s }}\n"))
+    assert fetch(sb, NAMES["a.test"])[0] == 0
+    net_node.restart()
+    # What names resolved to goes at a restart (read back, then removed by
+    # the adoption); the next lookup admits again.
+    refused(sb, NAMES["a.test"])
+    assert fetch(sb, "a.test")[0] == 0
+    assert fetch(sb, NAMES["b.test"], 8080)[0] == 0
+    sb.set_network("allow", ["b.test"])
+    refused(sb, NAMES["a.test"])
+    refused(sb, NAMES["b.test"], 8080)
+    assert fetch(sb, "b.test")[0] == 0
     sb.destroy()
     assert node_leftovers(net_node) == []
 
