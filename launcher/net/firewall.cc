@@ -486,7 +486,7 @@ Firewall::Entry Firewall::EntryFor(const SandboxRules& r) const {
   return e;
 }
 
-std::string Firewall::Elements(const char* verb, const Entry& e) const {
+std::string Firewall::Elements(const char* verb, const Entry& e, bool with_interface) const {
   const std::string& t = config_.table;
   const bool add = std::string_view(verb) == "add";
   const std::string a = Ipv4ToString(e.address);
@@ -495,10 +495,12 @@ std::string Firewall::Elements(const char* verb, const Entry& e) const {
   auto element = [&](const char* set, const std::string& elem) { s += StrCat(verb, " element inet ", t, " ", set, " { ", elem, " }\n"); };
   element("from4", at + (add ? " : goto " + e.out : ""));
   element("to4", at + (add ? " : goto " + e.in : ""));
-  element("ifs4", StrCat("\"", e.ifname, "\""));
-  element("src4", at);
-  element("okc4", a);
-  element("noc4", a);
+  if (with_interface) {
+    element("ifs4", StrCat("\"", e.ifname, "\""));
+    element("src4", at);
+    element("okc4", a);
+    element("noc4", a);
+  }
   if (e.generation != 0) {
     element("cur4", StrCat(a, " . ", Hex32(e.generation)));
     element("gen4", a + (add ? " : " + Hex32(e.generation) : ""));
@@ -557,23 +559,7 @@ Status Firewall::ReplacePolicy(const SandboxRules& next, const std::vector<Admis
   const Entry& old = it->second;
   Entry e = EntryFor(next);
   // Its interface's elements and its counters stay.
-  const std::string& t = config_.table;
-  const std::string a = Ipv4ToString(old.address);
-  const std::string at = StrCat("\"", old.ifname, "\" . ", a);
-  std::string s;
-  s += StrCat("delete element inet ", t, " from4 { ", at, " }\n");
-  s += StrCat("delete element inet ", t, " to4 { ", at, " }\n");
-  if (old.generation != 0) {
-    s += StrCat("delete element inet ", t, " cur4 { ", a, " . ", Hex32(old.generation), " }\n");
-    s += StrCat("delete element inet ", t, " gen4 { ", a, " }\n");
-  }
-  for (const auto& net : old.nets) s += StrCat("delete element inet ", t, " net4 { ", net, " }\n");
-  s += Forget(old);
-  s += StrCat("add element inet ", t, " from4 { ", at, " : goto ", e.out, " }\n");
-  s += StrCat("add element inet ", t, " to4 { ", at, " : goto ", e.in, " }\n");
-  s += StrCat("add element inet ", t, " cur4 { ", a, " . ", Hex32(e.generation), " }\n");
-  s += StrCat("add element inet ", t, " gen4 { ", a, " : ", Hex32(e.generation), " }\n");
-  for (const auto& net : e.nets) s += StrCat("add element inet ", t, " net4 { ", net, " }\n");
+  std::string s = Elements("delete", old, false) + Forget(old) + Elements("add", e, false);
   for (const auto& adm : keep) s += AdmitElements(e, adm);
   STRATA_RETURN_IF_ERROR(Run(s).Annotate("nftables: change the policy of sandbox " + next.key));
   // (After the transaction: the record must not run out before the kernel's.)

@@ -101,7 +101,9 @@ class Firewall {
   Firewall() = default;
   Status Run(const std::string& script, std::string* output = nullptr);  // with mu_ held
   Entry EntryFor(const SandboxRules& r) const;
-  std::string Elements(const char* verb, const Entry& e) const;  // "add" or "delete" all but admissions
+  // "add" or "delete" all but admissions; without the interface's and the
+  // counters' (what a policy change keeps).
+  std::string Elements(const char* verb, const Entry& e, bool with_interface = true) const;
   std::string Forget(const Entry& e) const;                      // delete its admissions
   std::string AdmitElements(const Entry& e, const Admission& a) const;
   // entries_ from the kernel's table; returns the commands that remove
