@@ -101,14 +101,6 @@ std::string LruKey(uint64_t atime, const Digest128& id) {
   return k + IdKey(id);
 }
 
-std::string BootId() {
-  auto s = ReadFileToString("/proc/sys/kernel/random/boot_id");
-  if (!s.ok()) return "";
-  std::string id = *s;
-  while (!id.empty() && id.back() == '\n') id.pop_back();
-  return id;
-}
-
 bool ProcessAlive(pid_t pid) { return pid > 0 && (::kill(pid, 0) == 0 || errno == EPERM); }
 
 Result<Digest128> HashFile(const std::string& path, uint64_t* size) {

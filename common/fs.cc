@@ -225,4 +225,12 @@ std::string Basename(std::string_view path) {
   return std::string(path.substr(pos + 1));
 }
 
+std::string BootId() {
+  auto s = ReadFileToString("/proc/sys/kernel/random/boot_id");
+  if (!s.ok()) return "";
+  std::string id = *s;
+  while (!id.empty() && id.back() == '\n') id.pop_back();
+  return id;
+}
+
 }  // namespace strata

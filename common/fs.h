@@ -64,4 +64,8 @@ std::string JoinPath(std::string_view a, std::string_view b);
 std::string Dirname(std::string_view path);
 std::string Basename(std::string_view path);
 
+// This boot's id (/proc/sys/kernel/random/boot_id), "" if unreadable:
+// what was written in an earlier boot is told by it.
+std::string BootId();
+
 }  // namespace strata

@@ -397,6 +397,8 @@ Result<json> AgentClient::Ping() {
   return json::parse(payload, nullptr, false);
 }
 
+bool AgentClient::Accepts() { return ConnectUnix(socket_path_, kControlReplyTimeout).ok(); }
+
 Status AgentClient::Shutdown() {
   STRATA_ASSIGN_OR_RETURN(int raw, Connect(kControlReplyTimeout));
   UniqueFd fd(raw);

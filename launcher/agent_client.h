@@ -149,6 +149,10 @@ class AgentClient {
   };
   Result<std::unique_ptr<GetStream>> OpenGet(const std::string& path);
   Result<nlohmann::json> Ping();
+  // Whether a process holds the agent's socket (a container's agent alone
+  // does: the launcher lets go of it at start and commands do not inherit
+  // it): a connection is made and closed, without waiting for an answer.
+  bool Accepts();
 
   // Detached commands (protocol version 2): the agent runs and keeps them.
   // Starts one (`exec_id` empty: the agent names it); returns its id.

@@ -198,8 +198,11 @@ int Serve(const ServeOptions& options, const NodeConfig& node) {
   SweepStaleSandboxes(node).IgnoreError();
   auto manager = SandboxManager::Open(node, options.state_dir);
   if (!manager.ok()) return Fail(manager.status());
-  std::fprintf(stderr, "launcher: re-adopted %d sandboxes, removed %d\n", (*manager)->recovery().adopted,
-               (*manager)->recovery().removed);
+  const auto& recovery = (*manager)->recovery();
+  if (recovery.moved > 0) {
+    std::fprintf(stderr, "launcher: moved %d records of an older daemon into this boot's registry\n", recovery.moved);
+  }
+  std::fprintf(stderr, "launcher: re-adopted %d sandboxes, removed %d\n", recovery.adopted, recovery.removed);
   std::vector<std::string> warnings;
   auto server = LauncherServer::Start(options, **manager, &warnings);
   if (!server.ok()) return Fail(server.status());

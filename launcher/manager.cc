@@ -96,17 +96,15 @@ Result<std::unique_ptr<SandboxManager>> SandboxManager::Open(NodeConfig node, co
   LmdbEnv::Options o;
   o.map_size = size_t{256} << 20;
   // One sync per commit, not two (the meta page's waits for the next
-  // commit): a machine crash may undo the last commit, never corrupt the
-  // registry. What it undoes is recovered like any crash: a sandbox made
-  // without its record is "unrecorded", an upper without one is removed,
-  // and every sandbox died with the machine anyway.
+  // commit): a machine crash may undo the last commit, never corrupt it.
   o.flags = MDB_NOMETASYNC;
-  STRATA_ASSIGN_OR_RETURN(m->env_, LmdbEnv::Open(state_dir, o));
+  STRATA_ASSIGN_OR_RETURN(m->lasting_env_, LmdbEnv::Open(state_dir, o));
   {
-    STRATA_ASSIGN_OR_RETURN(LmdbTxn txn, LmdbTxn::Begin(m->env_, false));
-    STRATA_ASSIGN_OR_RETURN(m->db_, txn.OpenDb("sandboxes", MDB_CREATE));
+    STRATA_ASSIGN_OR_RETURN(LmdbTxn txn, LmdbTxn::Begin(m->lasting_env_, false));
+    STRATA_ASSIGN_OR_RETURN(m->lasting_db_, txn.OpenDb("sandboxes", MDB_CREATE));
     STRATA_RETURN_IF_ERROR(txn.Commit());
   }
+  STRATA_RETURN_IF_ERROR(m->OpenBootRegistry(state_dir).Annotate("open this boot's registry in " + state_dir));
   Status s = m->Recover();
   if (!s.ok()) return s.Annotate("recover sandboxes from " + state_dir);
   STRATA_ASSIGN_OR_RETURN(m->keys_, IdempotencyKeys::Open(JoinPath(state_dir, "keys")));
@@ -224,8 +222,72 @@ Result<std::shared_ptr<Sandbox>> SandboxManager::Container(Entry& entry, const c
   return entry.sandbox;
 }
 
-// Durable when they return against a crash of the daemon, and against a
-// crash of the machine for all but the last commit (MDB_NOMETASYNC, Open).
+Status SandboxManager::OpenBootRegistry(const std::string& state_dir) {
+  const std::string boot = BootId();
+  if (boot.empty()) return Error(ENOENT, "no boot id in /proc/sys/kernel/random/boot_id");
+  const std::string boots = JoinPath(state_dir, "boot");
+  STRATA_RETURN_IF_ERROR(MakeDirs(boots, 0700));
+  // An earlier boot's, unread: its sandboxes died with it (what they left
+  // on disk, their uppers, is swept as unrecorded), and its unsynced
+  // commits may have been cut anywhere.
+  if (DIR* dir = ::opendir(boots.c_str())) {
+    std::vector<std::string> old;
+    while (dirent* e = ::readdir(dir)) {
+      std::string name = e->d_name;
+      if (name != "." && name != ".." && name != boot) old.push_back(name);
+    }
+    ::closedir(dir);
+    for (const auto& name : old) {
+      STRATA_LOG(kInfo) << "removing the registry of an earlier boot (" << name << ")";
+      STRATA_RETURN_IF_ERROR(RemoveTree(JoinPath(boots, name)));
+    }
+  }
+  const std::string path = JoinPath(boots, boot);
+  first_start_in_boot_ = ::access(path.c_str(), F_OK) != 0;
+  STRATA_RETURN_IF_ERROR(MakeDirs(path, 0700));
+  LmdbEnv::Options o;
+  o.map_size = size_t{256} << 20;
+  // Not synced: a crash of the daemon loses nothing (its writes are in the
+  // page cache), and a crash of the machine ends every sandbox recorded here.
+  o.flags = MDB_NOSYNC;
+  STRATA_ASSIGN_OR_RETURN(env_, LmdbEnv::Open(path, o));
+  {
+    STRATA_ASSIGN_OR_RETURN(LmdbTxn txn, LmdbTxn::Begin(env_, false));
+    STRATA_ASSIGN_OR_RETURN(db_, txn.OpenDb("sandboxes", MDB_CREATE));
+    STRATA_RETURN_IF_ERROR(txn.Commit());
+  }
+  // A daemon before 2026-12-04 kept its sandboxes in the lasting registry:
+  // they move here (this boot's copy first, synced, then the lasting one
+  // lets go of them), whether they still run or not: recovery decides.
+  std::vector<std::pair<std::string, std::string>> moving;
+  {
+    STRATA_ASSIGN_OR_RETURN(LmdbTxn txn, LmdbTxn::Begin(lasting_env_, true));
+    STRATA_ASSIGN_OR_RETURN(LmdbCursor cursor, LmdbCursor::Open(txn, lasting_db_));
+    std::string_view k, v;
+    MDB_cursor_op op = MDB_FIRST;
+    while (true) {
+      STRATA_ASSIGN_OR_RETURN(bool more, cursor.Step(op, &k, &v));
+      if (!more) break;
+      op = MDB_NEXT;
+      if (!k.starts_with("warm:")) moving.emplace_back(std::string(k), std::string(v));
+    }
+  }
+  if (moving.empty()) return OkStatus();
+  {
+    STRATA_ASSIGN_OR_RETURN(LmdbTxn txn, LmdbTxn::Begin(env_, false));
+    for (const auto& [k, v] : moving) STRATA_RETURN_IF_ERROR(txn.Put(db_, k, v).status());
+    STRATA_RETURN_IF_ERROR(txn.Commit());
+  }
+  STRATA_RETURN_IF_ERROR(env_.Sync());
+  STRATA_ASSIGN_OR_RETURN(LmdbTxn txn, LmdbTxn::Begin(lasting_env_, false));
+  for (const auto& [k, v] : moving) STRATA_RETURN_IF_ERROR(txn.Del(lasting_db_, k).status());
+  STRATA_RETURN_IF_ERROR(txn.Commit());
+  recovery_.moved = static_cast<int>(moving.size());
+  return OkStatus();
+}
+
+// Against a crash of the daemon: durable when they return (in the page
+// cache). Against a crash of the machine: not at all, and need not be.
 Status SandboxManager::Record(const std::string& id, const json& record) {
   STRATA_ASSIGN_OR_RETURN(LmdbTxn txn, LmdbTxn::Begin(env_, false));
   STRATA_RETURN_IF_ERROR(txn.Put(db_, id, record.dump()).status());
@@ -240,9 +302,9 @@ Status SandboxManager::Forget(const std::string& id) {
 
 Status SandboxManager::Recover() {
   std::vector<std::pair<std::string, json>> records;
-  {
-    STRATA_ASSIGN_OR_RETURN(LmdbTxn txn, LmdbTxn::Begin(env_, true));
-    STRATA_ASSIGN_OR_RETURN(LmdbCursor cursor, LmdbCursor::Open(txn, db_));
+  for (auto [env, db] : {std::pair{&lasting_env_, lasting_db_}, std::pair{&env_, db_}}) {
+    STRATA_ASSIGN_OR_RETURN(LmdbTxn txn, LmdbTxn::Begin(*env, true));
+    STRATA_ASSIGN_OR_RETURN(LmdbCursor cursor, LmdbCursor::Open(txn, db));
     std::string_view k, v;
     MDB_cursor_op op = MDB_FIRST;
     while (true) {
@@ -266,7 +328,9 @@ Status SandboxManager::Recover() {
       auto spec = WarmSpecFromJson(record.value("spec", json::object()));
       if (!spec.ok()) {
         STRATA_LOG(kWarn) << "removing warm pool " << id << ": " << spec.status().ToString();
-        STRATA_RETURN_IF_ERROR(Forget(id));
+        STRATA_ASSIGN_OR_RETURN(LmdbTxn txn, LmdbTxn::Begin(lasting_env_, false));
+        STRATA_RETURN_IF_ERROR(txn.Del(lasting_db_, id).status());
+        STRATA_RETURN_IF_ERROR(txn.Commit());
         continue;
       }
       auto pool = std::make_shared<WarmPool>();
@@ -335,7 +399,15 @@ Status SandboxManager::Recover() {
       STRATA_LOG(kInfo) << "re-adopted function-call pool " << id;
       continue;
     }
-    if (sandbox.ok() && status == "running" && kind != "pool" && kind != "warm" && (*sandbox)->Alive()) {
+    bool settings_kept = true;
+    if (sandbox.ok() && record.is_object() && record.contains("assigned")) {
+      // Taken from a warm pool: the create's settings are in its record.
+      if (Status s = (*sandbox)->Reassign(record["assigned"]); !s.ok()) {
+        STRATA_LOG(kWarn) << "sandbox " << id << ": " << s.ToString();
+        settings_kept = false;  // (its rules could not be kept: not adopted)
+      }
+    }
+    if (sandbox.ok() && settings_kept && status == "running" && kind != "pool" && kind != "warm" && (*sandbox)->Alive()) {
       auto entry = std::make_shared<Entry>();
       entry->id = id;
       entry->warm_pool = record.value("warm", "");
@@ -416,7 +488,9 @@ Status SandboxManager::Recover() {
   // Snapshots a daemon was packing when it died, of this registry's
   // sandboxes only ("<id>-<ms>"): another daemon may share the uppers'
   // filesystem, and recovery touches only what its own registry recorded
-  // (every sandbox is recorded before anything of it exists).
+  // (every sandbox is recorded before anything of it exists). At the first
+  // start in a boot, every one in its uppers: the registry that named them
+  // was the earlier boot's, and no daemon has packed one since.
   if (auto uppers = UpperStore::Open(node_.uppers); uppers.ok()) {
     std::set<std::string> recorded;
     for (const auto& [id, record] : records) {
@@ -424,6 +498,7 @@ Status SandboxManager::Recover() {
       if (record.is_object()) recorded.insert(record.value("internal", id));
     }
     Status s = uppers->RemoveSnapshots([&](std::string_view name) {
+      if (first_start_in_boot_) return true;
       const size_t dash = name.rfind('-');
       return dash != std::string_view::npos && recorded.count(std::string(name.substr(0, dash))) > 0;
     });
@@ -571,8 +646,16 @@ json SandboxManager::WarmPool::Info() const {
 }
 
 Status SandboxManager::RecordWarmPool(const WarmPool& pool) {
-  if (pool.size == 0) return Forget("warm:" + pool.name);
-  return Record("warm:" + pool.name, {{"kind", "warm-pool"}, {"name", pool.name}, {"size", pool.size}, {"spec", WarmSpecJson(pool.spec)}});
+  // (The lasting registry: a pool outlives a reboot, its sandboxes do not.)
+  STRATA_ASSIGN_OR_RETURN(LmdbTxn txn, LmdbTxn::Begin(lasting_env_, false));
+  const std::string key = "warm:" + pool.name;
+  if (pool.size == 0) {
+    STRATA_RETURN_IF_ERROR(txn.Del(lasting_db_, key).status());
+  } else {
+    const json record = {{"kind", "warm-pool"}, {"name", pool.name}, {"size", pool.size}, {"spec", WarmSpecJson(pool.spec)}};
+    STRATA_RETURN_IF_ERROR(txn.Put(lasting_db_, key, record.dump()).status());
+  }
+  return txn.Commit();
 }
 
 void SandboxManager::SetWarmAdmission(std::function<WarmVerdict(size_t)> admit) {
@@ -664,13 +747,14 @@ Result<std::optional<json>> SandboxManager::TakeWarm(const SandboxSpec& spec, co
     Forget(sb->id()).IgnoreError();
     return s;
   };
-  timer.Step("ask its agent");
-  if (Status s = sb->Assign(spec); !s.ok()) return give_back(s);
-  timer.Step("assign");
+  timer.Step("see that its agent is there");
+  json assignment = sb->Assign(spec);
   {
-    // One transaction: the sandbox is the pool's or the create's, never both.
-    const json record = {{"status", "running"}, {"created", ::time(nullptr)}, {"owner", owner}, {"ttl", spec.ttl_seconds},
-                         {"internal", sb->id()}, {"warm", pool->name}};
+    // One transaction: the sandbox is the pool's or the create's, never
+    // both; the create's settings are in its record (a restart hands them
+    // back with Reassign), so the take writes nothing else.
+    const json record = {{"status", "running"}, {"created", assignment["created"]}, {"owner", owner}, {"ttl", spec.ttl_seconds},
+                         {"internal", sb->id()}, {"warm", pool->name}, {"assigned", std::move(assignment)}};
     auto txn = LmdbTxn::Begin(env_, false);
     if (!txn.ok()) return give_back(txn.status());
     Status s = txn->Put(db_, spec.id, record.dump()).status();

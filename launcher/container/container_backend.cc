@@ -244,7 +244,9 @@ bool ContainerBackend::Alive(AgentClient& agent, bool paused) {
     json j = json::parse(state->out, nullptr, false);
     return j.is_object() && j.value("status", "") == "paused";
   }
-  return agent.Ping().ok();
+  // Not a ping: an idle agent answers one with a thread it starts for it,
+  // which a take from a warm pool would wait for.
+  return agent.Accepts();
 }
 
 Status ContainerBackend::Pause() {

@@ -477,15 +477,29 @@ Result<UpperVolume> Sandbox::CaptureUpper() {
   return snapshot;
 }
 
-Status Sandbox::Assign(const SandboxSpec& spec) {
-  SandboxSpec next = spec_;
-  next.env = spec.env;
-  next.workdir = spec.workdir;
-  next.files = spec.files;
-  next.kill_leftovers = spec.kill_leftovers;
-  created_ = ::time(nullptr);
-  STRATA_RETURN_IF_ERROR(SaveState({{"spec", SpecState(next)}, {"created", created_}}).Annotate("assign sandbox " + id_));
-  spec_ = std::move(next);
+json Sandbox::Assign(const SandboxSpec& spec) {
+  json assignment = {{"env", spec.env},
+                     {"workdir", spec.workdir},
+                     {"files", spec.files.ToJson()},
+                     {"kill_leftovers", spec.kill_leftovers},
+                     {"created", ::time(nullptr)}};
+  spec_.env = spec.env;
+  spec_.workdir = spec.workdir;
+  spec_.files = spec.files;
+  spec_.kill_leftovers = spec.kill_leftovers;
+  created_ = assignment["created"];
+  agent_->SetRulePaths(spec_.files);
+  return assignment;
+}
+
+Status Sandbox::Reassign(const json& assignment) {
+  if (!assignment.is_object()) return Error(EINVAL, "reassign sandbox " + id_ + ": the take's record holds no settings");
+  STRATA_ASSIGN_OR_RETURN(FileRules files, ParseFileRules(assignment.value("files", json()), "assigned files"));
+  spec_.env = assignment.value("env", std::vector<std::string>{});
+  spec_.workdir = assignment.value("workdir", std::string("/"));
+  spec_.files = std::move(files);
+  spec_.kill_leftovers = assignment.value("kill_leftovers", false);
+  created_ = assignment.value("created", int64_t{0});
   agent_->SetRulePaths(spec_.files);
   return OkStatus();
 }

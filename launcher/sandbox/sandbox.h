@@ -75,7 +75,12 @@ class Sandbox {
   // Gives a sandbox made ahead of time (a warm pool's) the settings of the
   // create that takes it: env, workdir, file rules, kill_leftovers and the
   // time it counts as created from. Its layers, limits and network stay.
-  Status Assign(const SandboxSpec& spec);
+  // In memory only: the caller records the returned assignment with the
+  // take (its state.json keeps the pool's settings), and after a restart
+  // hands it to Reassign.
+  nlohmann::json Assign(const SandboxSpec& spec);
+  // What Assign gave it, from the take's record.
+  Status Reassign(const nlohmann::json& assignment);
   // Removes everything; idempotent. The first error is returned, but every
   // step is attempted.
   Status Destroy();

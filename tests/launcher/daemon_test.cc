@@ -9,6 +9,7 @@
 #include <mutex>
 
 #include "common/http_server.h"
+#include "common/lmdb.h"
 #include "common/mount.h"
 #include "launcher/api/client.h"
 #include "launcher/api/server.h"
@@ -272,6 +273,63 @@ TEST_F(DaemonTest, ARestartedDaemonReadoptsLiveSandboxesAndRemovesDeadOnes) {
   EXPECT_NE(::access(StrCat("/sys/fs/cgroup/memory/", cgroup_parent_, "/", dead).c_str(), F_OK), 0);
   auto log = ReadFileToString(dir_.Sub("daemon.log")).value_or("");
   EXPECT_NE(log.find("re-adopted 2 sandboxes, removed 1"), std::string::npos) << log;
+}
+
+// Sandboxes are recorded in a registry of this boot (not synced: they die
+// with the machine); warm pools in the lasting one.
+TEST_F(DaemonTest, TheRegistryOfAnEarlierBootIsRemovedAndAnOlderDaemonsRecordsMoveOver) {
+  StartDaemon();
+  const std::string id = Create({"--env", "WHO=kept"});
+  ASSERT_OK(client_->SetWarmPool({{"layers", {"busybox:1"}}}, 1).status());
+  StopDaemon(SIGKILL);
+  const std::string boot_dir = dir_.Sub("state/boot/" + BootId());
+  ASSERT_EQ(::access((boot_dir + "/data.mdb").c_str(), F_OK), 0);
+
+  // The layout of a daemon before this one: every record in the lasting
+  // registry. Here: the sandbox's moved there by hand, this boot's removed.
+  std::string record;
+  {
+    LmdbEnv::Options o;
+    o.map_size = size_t{256} << 20;
+    ASSERT_OK_AND_ASSIGN(LmdbEnv boot, LmdbEnv::Open(boot_dir, o));
+    ASSERT_OK_AND_ASSIGN(LmdbTxn txn, LmdbTxn::Begin(boot, true));
+    ASSERT_OK_AND_ASSIGN(MDB_dbi db, txn.OpenDb("sandboxes", 0));
+    ASSERT_OK_AND_ASSIGN(record, txn.Get(db, id));
+  }
+  {
+    LmdbEnv::Options o;
+    o.map_size = size_t{256} << 20;
+    ASSERT_OK_AND_ASSIGN(LmdbEnv lasting, LmdbEnv::Open(dir_.Sub("state"), o));
+    ASSERT_OK_AND_ASSIGN(LmdbTxn txn, LmdbTxn::Begin(lasting, false));
+    ASSERT_OK_AND_ASSIGN(MDB_dbi db, txn.OpenDb("sandboxes", 0));
+    ASSERT_OK(txn.Put(db, id, record).status());
+    ASSERT_OK(txn.Commit());
+  }
+  ASSERT_OK(RemoveTree(boot_dir));
+  // And an earlier boot's registry, torn as a crash of the machine may
+  // leave one: removed without being read.
+  const std::string earlier = dir_.Sub("state/boot/00000000-0000-0000-0000-000000000000");
+  ASSERT_OK(MakeDirs(earlier));
+  ASSERT_OK(WriteFileAtomic(earlier + "/data.mdb", std::string(100000, 'x')));
+  // A snapshot a daemon of that boot was packing when the machine went.
+  ASSERT_OK(MakeDirs(uppers_ + "/.snapshots", 0700));
+  ASSERT_OK_AND_ASSIGN(auto made, RunCommand({.argv = {"btrfs", "subvolume", "create", uppers_ + "/.snapshots/sb-0123456789ab-1"}}));
+  ASSERT_TRUE(made.success()) << made.err;
+
+  StartDaemon();
+  EXPECT_NE(::access(earlier.c_str(), F_OK), 0);
+  EXPECT_NE(::access((uppers_ + "/.snapshots/sb-0123456789ab-1").c_str(), F_OK), 0);
+  ASSERT_OK_AND_ASSIGN(auto who, Cli({"exec", id, "--", "sh", "-c", "echo $WHO"}));
+  EXPECT_EQ(who.out, "kept\n") << who.err;
+  json pools = client_->WarmPools().value_or(json::array());
+  ASSERT_EQ(pools.size(), 1u) << pools.dump();
+  EXPECT_EQ(pools[0].value("size", 0), 1);
+  auto log = ReadFileToString(dir_.Sub("daemon.log")).value_or("");
+  EXPECT_NE(log.find("moved 1 records of an older daemon"), std::string::npos) << log;
+  EXPECT_OK(client_->Destroy(id));
+  ASSERT_OK(client_->SetWarmPool({{"layers", {"busybox:1"}}}, 0).status());
+  for (int i = 0; i < 300 && !client_->WarmPools().value_or(json::array()).empty(); ++i) std::this_thread::sleep_for(100ms);
+  StopDaemon(SIGTERM);
 }
 
 TEST_F(DaemonTest, RandomKillsOfSandboxesAndTheDaemonLeaveTheHostClean) {

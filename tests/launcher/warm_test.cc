@@ -2,6 +2,9 @@
 // stack and limits, taken by the creates that match, refilled in the
 // background, kept across a daemon's kill -9, and given up under memory
 // pressure.
+#include <signal.h>
+
+#include <filesystem>
 #include <thread>
 
 #include "common/fs.h"
@@ -77,6 +80,7 @@ TEST_F(WarmPoolTest, CreatesThatMatchTakeReadySandboxesAndThePoolRefills) {
   EXPECT_EQ(list.size(), 3u) << list.dump();
   EXPECT_EQ(Info(a).value("warm_pool", ""), name);
   EXPECT_EQ(Sh(a, "echo $WHO; touch /etc/x 2>/dev/null || echo refused").out, "a\nrefused\n");
+  EXPECT_EQ(Sh(b, "echo $WHO; pwd").out, "b\n/tmp\n");
   EXPECT_TRUE(WaitPool(name, [](const json& p) { return p.value("ready", 0) == 3; })) << Pool(name).dump();
 
   // Destroying a taken one removes what its internal id named.
@@ -89,6 +93,42 @@ TEST_F(WarmPoolTest, CreatesThatMatchTakeReadySandboxesAndThePoolRefills) {
   for (int i = 0; i < 300 && !client_->WarmPools().value_or(json::array()).empty(); ++i) std::this_thread::sleep_for(100ms);
   EXPECT_TRUE(client_->WarmPools().value_or(json::array()).empty());
   for (const auto& id : {b, cold}) EXPECT_OK(client_->Destroy(id));
+  StopDaemon(SIGTERM);
+  ExpectHostClean();
+}
+
+TEST_F(WarmPoolTest, ATakeSkipsAReadySandboxWhoseAgentDied) {
+  StartDaemon();
+  ASSERT_OK_AND_ASSIGN(json pool, client_->SetWarmPool({{"layers", {"busybox:1"}}}, 1));
+  const std::string name = pool.value("name", "");
+  ASSERT_TRUE(WaitPool(name, [](const json& p) { return p.value("ready", 0) == 1; })) << Pool(name).dump();
+  // Its agent killed while it waits (the OOM killer would do the same).
+  const std::string parent = StrCat("/sys/fs/cgroup/pids/", cgroup_parent_);
+  std::vector<std::string> ready;
+  for (const auto& e : std::filesystem::directory_iterator(parent)) {
+    if (e.path().filename().string().starts_with("sb-")) ready.push_back(e.path().filename().string());
+  }
+  ASSERT_EQ(ready.size(), 1u);
+  ASSERT_OK_AND_ASSIGN(auto procs, ReadFileToString(StrCat(parent, "/", ready[0], "/cgroup.procs")));
+  for (const auto& pid : Split(procs, '\n')) {
+    if (!pid.empty()) ::kill(std::stoi(pid), SIGKILL);
+  }
+  for (int i = 0; i < 100; ++i) {
+    auto left = ReadFileToString(StrCat(parent, "/", ready[0], "/cgroup.procs"));
+    if (!left.ok() || left->empty()) break;
+    std::this_thread::sleep_for(20ms);
+  }
+  // The create that would have taken it gets a sandbox that answers, and
+  // the dead one is removed.
+  const std::string id = Create({});
+  ASSERT_FALSE(id.empty());
+  EXPECT_NE(Info(id).value("internal_id", ""), ready[0]);
+  EXPECT_EQ(Sh(id, "echo ok").out, "ok\n");
+  EXPECT_NE(::access(dir_.Sub("run/" + ready[0]).c_str(), F_OK), 0);
+  EXPECT_TRUE(WaitPool(name, [](const json& p) { return p.value("ready", 0) == 1; })) << Pool(name).dump();
+  EXPECT_OK(client_->Destroy(id));
+  ASSERT_OK(client_->SetWarmPool({{"layers", {"busybox:1"}}}, 0).status());
+  for (int i = 0; i < 300 && !client_->WarmPools().value_or(json::array()).empty(); ++i) std::this_thread::sleep_for(100ms);
   StopDaemon(SIGTERM);
   ExpectHostClean();
 }
