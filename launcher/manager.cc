@@ -239,11 +239,15 @@ Status SandboxManager::OpenBootRegistry(const std::string& state_dir) {
     ::closedir(dir);
     for (const auto& name : old) {
       STRATA_LOG(kInfo) << "removing the registry of an earlier boot (" << name << ")";
-      STRATA_RETURN_IF_ERROR(RemoveTree(JoinPath(boots, name)));
+      // Unread either way: what is left of it only takes space.
+      if (Status s = RemoveTree(JoinPath(boots, name)); !s.ok()) STRATA_LOG(kWarn) << "remove the registry of an earlier boot: " << s.ToString();
     }
   }
   const std::string path = JoinPath(boots, boot);
-  first_start_in_boot_ = ::access(path.c_str(), F_OK) != 0;
+  // Until a start in this boot has swept the uppers' snapshots (a start
+  // that died before it leaves the next one to do it).
+  swept_marker_ = JoinPath(path, "swept");
+  first_start_in_boot_ = ::access(swept_marker_.c_str(), F_OK) != 0;
   STRATA_RETURN_IF_ERROR(MakeDirs(path, 0700));
   LmdbEnv::Options o;
   o.map_size = size_t{256} << 20;
@@ -257,8 +261,10 @@ Status SandboxManager::OpenBootRegistry(const std::string& state_dir) {
     STRATA_RETURN_IF_ERROR(txn.Commit());
   }
   // A daemon before 2026-12-04 kept its sandboxes in the lasting registry:
-  // they move here (this boot's copy first, synced, then the lasting one
-  // lets go of them), whether they still run or not: recovery decides.
+  // they move here, whether they still run or not: recovery decides. This
+  // boot's copy is committed first, then the lasting one lets go of them; a
+  // crash between leaves both, and the next start moves them again. (Not
+  // synced: a crash of the machine ends them and this boot's registry.)
   std::vector<std::pair<std::string, std::string>> moving;
   {
     STRATA_ASSIGN_OR_RETURN(LmdbTxn txn, LmdbTxn::Begin(lasting_env_, true));
@@ -278,7 +284,6 @@ Status SandboxManager::OpenBootRegistry(const std::string& state_dir) {
     for (const auto& [k, v] : moving) STRATA_RETURN_IF_ERROR(txn.Put(db_, k, v).status());
     STRATA_RETURN_IF_ERROR(txn.Commit());
   }
-  STRATA_RETURN_IF_ERROR(env_.Sync());
   STRATA_ASSIGN_OR_RETURN(LmdbTxn txn, LmdbTxn::Begin(lasting_env_, false));
   for (const auto& [k, v] : moving) STRATA_RETURN_IF_ERROR(txn.Del(lasting_db_, k).status());
   STRATA_RETURN_IF_ERROR(txn.Commit());
@@ -503,6 +508,9 @@ Status SandboxManager::Recover() {
       return dash != std::string_view::npos && recorded.count(std::string(name.substr(0, dash))) > 0;
     });
     if (!s.ok()) STRATA_LOG(kWarn) << "remove leftover snapshots: " << s.ToString();
+    if (s.ok() && first_start_in_boot_) {
+      if (Status w = WriteFileAtomic(swept_marker_, "", /*durable=*/false); !w.ok()) STRATA_LOG(kWarn) << "record the snapshot sweep: " << w.ToString();
+    }
   }
   return OkStatus();
 }
@@ -735,7 +743,7 @@ Result<std::optional<json>> SandboxManager::TakeWarm(const SandboxSpec& spec, co
     }
     warm_cv_.notify_all();  // a filler makes the next one
     timer.Step("take from the warm pool");
-    if (sb->Alive()) break;
+    if (sb->Takeable()) break;
     // Its agent died while it waited (killed, out of memory): the next one.
     STRATA_LOG(kWarn) << "warm pool " << pool->name << ": sandbox " << sb->id() << " does not answer; removing it";
     sb->Destroy().IgnoreError();
@@ -1131,7 +1139,8 @@ Status SandboxManager::Destroy(const std::string& id) {
     if (entry->gone()) return Error(ENOENT, StrCat("sandbox ", id, " is being destroyed"));
     // Recorded before anything goes, so a crash from here on is cleaned up
     // at the next start; a failure leaves the sandbox as it was.
-    if (entry->sandbox) STRATA_RETURN_IF_ERROR(Record(id, {{"status", "destroying"}}));
+    // (With the id it has underneath, which a taken one's differs from.)
+    if (entry->sandbox) STRATA_RETURN_IF_ERROR(Record(id, {{"status", "destroying"}, {"internal", entry->sandbox->id()}}));
     sandbox = std::move(entry->sandbox);
     pool = std::move(entry->pool);
   }

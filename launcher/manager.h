@@ -217,7 +217,10 @@ class SandboxManager {
   MDB_dbi lasting_db_ = 0;
   LmdbEnv env_;
   MDB_dbi db_ = 0;
-  bool first_start_in_boot_ = false;  // this boot's registry was made by Open
+  // No start in this boot has swept the uppers' snapshots yet: boot/<id>/swept
+  // is missing.
+  bool first_start_in_boot_ = false;
+  std::string swept_marker_;
   std::mutex mu_;
   std::map<std::string, std::shared_ptr<Entry>> sandboxes_;
   std::mutex pools_mu_;  // taken after mu_ when both are needed

@@ -244,10 +244,13 @@ bool ContainerBackend::Alive(AgentClient& agent, bool paused) {
     json j = json::parse(state->out, nullptr, false);
     return j.is_object() && j.value("status", "") == "paused";
   }
-  // Not a ping: an idle agent answers one with a thread it starts for it,
-  // which a take from a warm pool would wait for.
-  return agent.Accepts();
+  return agent.Ping().ok();
 }
+
+// Not a ping: a take does not wait for the thread an idle agent starts to
+// answer one. An agent that holds its socket is there; one that is there
+// and hangs is not told apart (its taker's first command times out).
+bool ContainerBackend::Takeable(AgentClient& agent) { return agent.Accepts(); }
 
 Status ContainerBackend::Pause() {
   return RunChecked({.argv = {node_.runtime, "pause", id_}, .timeout = std::chrono::seconds(30)}, "pause sandbox " + id_).status();

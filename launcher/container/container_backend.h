@@ -23,6 +23,7 @@ class ContainerBackend : public Backend {
   void Adopt(const nlohmann::json& state) override;
   Status Gone() const override { return OkStatus(); }
   bool Alive(AgentClient& agent, bool paused) override;
+  bool Takeable(AgentClient& agent) override;
   Status Pause() override;
   Status Resume() override;
   bool OomKilled(AgentClient& agent) const override;

@@ -66,6 +66,9 @@ class Backend {
   virtual Status Gone() const = 0;
   // Whether the sandbox is there and its agent answers (or, paused, would).
   virtual bool Alive(AgentClient& agent, bool paused) = 0;
+  // Whether a warm pool may hand out this running sandbox: its agent is
+  // there. Alive where the back end has nothing cheaper.
+  virtual bool Takeable(AgentClient& agent) { return Alive(agent, false); }
   // Stops every process (or the whole machine) and continues it.
   virtual Status Pause() = 0;
   virtual Status Resume() = 0;

@@ -452,6 +452,8 @@ void Sandbox::Release() {
 
 bool Sandbox::Alive() { return backend_ && agent_ && backend_->Alive(*agent_, paused_); }
 
+bool Sandbox::Takeable() { return backend_ && agent_ && !paused_ && backend_->Takeable(*agent_); }
+
 Status Sandbox::Pause() {
   STRATA_RETURN_IF_ERROR(backend_->Pause());
   paused_ = true;

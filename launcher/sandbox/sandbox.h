@@ -50,6 +50,8 @@ class Sandbox {
   void Interrupt();
   // Whether the sandbox's agent answers.
   bool Alive();
+  // Whether a warm pool may hand it out (cheaper than Alive where it can).
+  bool Takeable();
   // Stops every process (a container's cgroup freezer; a microVM whole)
   // and continues them.
   Status Pause();

@@ -281,28 +281,42 @@ TEST_F(DaemonTest, TheRegistryOfAnEarlierBootIsRemovedAndAnOlderDaemonsRecordsMo
   StartDaemon();
   const std::string id = Create({"--env", "WHO=kept"});
   ASSERT_OK(client_->SetWarmPool({{"layers", {"busybox:1"}}}, 1).status());
+  auto ready = [&] {
+    json pools = client_->WarmPools().value_or(json::array());
+    return pools.size() == 1 ? pools[0].value("ready", 0) : -1;
+  };
+  for (int i = 0; i < 600 && ready() != 1; ++i) std::this_thread::sleep_for(100ms);
+  ASSERT_EQ(ready(), 1);
   StopDaemon(SIGKILL);
   const std::string boot_dir = dir_.Sub("state/boot/" + BootId());
   ASSERT_EQ(::access((boot_dir + "/data.mdb").c_str(), F_OK), 0);
 
   // The layout of a daemon before this one: every record in the lasting
-  // registry. Here: the sandbox's moved there by hand, this boot's removed.
-  std::string record;
+  // registry. Here: this boot's records (the sandbox's and the pool's ready
+  // one's) moved there by hand, this boot's registry removed.
+  std::vector<std::pair<std::string, std::string>> records;
   {
     LmdbEnv::Options o;
     o.map_size = size_t{256} << 20;
     ASSERT_OK_AND_ASSIGN(LmdbEnv boot, LmdbEnv::Open(boot_dir, o));
     ASSERT_OK_AND_ASSIGN(LmdbTxn txn, LmdbTxn::Begin(boot, true));
     ASSERT_OK_AND_ASSIGN(MDB_dbi db, txn.OpenDb("sandboxes", 0));
-    ASSERT_OK_AND_ASSIGN(record, txn.Get(db, id));
+    ASSERT_OK_AND_ASSIGN(LmdbCursor cursor, LmdbCursor::Open(txn, db));
+    std::string_view k, v;
+    for (MDB_cursor_op op = MDB_FIRST;; op = MDB_NEXT) {
+      ASSERT_OK_AND_ASSIGN(bool more, cursor.Step(op, &k, &v));
+      if (!more) break;
+      records.emplace_back(k, v);
+    }
   }
+  ASSERT_EQ(records.size(), 2u);
   {
     LmdbEnv::Options o;
     o.map_size = size_t{256} << 20;
     ASSERT_OK_AND_ASSIGN(LmdbEnv lasting, LmdbEnv::Open(dir_.Sub("state"), o));
     ASSERT_OK_AND_ASSIGN(LmdbTxn txn, LmdbTxn::Begin(lasting, false));
     ASSERT_OK_AND_ASSIGN(MDB_dbi db, txn.OpenDb("sandboxes", 0));
-    ASSERT_OK(txn.Put(db, id, record).status());
+    for (const auto& [k, v] : records) ASSERT_OK(txn.Put(db, k, v).status());
     ASSERT_OK(txn.Commit());
   }
   ASSERT_OK(RemoveTree(boot_dir));
@@ -325,7 +339,49 @@ TEST_F(DaemonTest, TheRegistryOfAnEarlierBootIsRemovedAndAnOlderDaemonsRecordsMo
   ASSERT_EQ(pools.size(), 1u) << pools.dump();
   EXPECT_EQ(pools[0].value("size", 0), 1);
   auto log = ReadFileToString(dir_.Sub("daemon.log")).value_or("");
-  EXPECT_NE(log.find("moved 1 records of an older daemon"), std::string::npos) << log;
+  EXPECT_NE(log.find("moved 2 records of an older daemon"), std::string::npos) << log;
+  const size_t adopted = log.rfind("re-adopted ");
+  ASSERT_NE(adopted, std::string::npos) << log;
+  EXPECT_EQ(log.substr(adopted, log.find('\n', adopted) - adopted), "re-adopted 1 sandboxes, removed 0") << log;
+  EXPECT_EQ(ready(), 1);  // the pool's ready one, re-adopted as ready (not removed above)
+  {
+    // The lasting registry keeps the warm pool only.
+    LmdbEnv::Options o;
+    o.map_size = size_t{256} << 20;
+    ASSERT_OK_AND_ASSIGN(LmdbEnv lasting, LmdbEnv::Open(dir_.Sub("state"), o));
+    ASSERT_OK_AND_ASSIGN(LmdbTxn txn, LmdbTxn::Begin(lasting, true));
+    ASSERT_OK_AND_ASSIGN(MDB_dbi db, txn.OpenDb("sandboxes", 0));
+    ASSERT_OK_AND_ASSIGN(LmdbCursor cursor, LmdbCursor::Open(txn, db));
+    std::vector<std::string> keys;
+    std::string_view k, v;
+    for (MDB_cursor_op op = MDB_FIRST;; op = MDB_NEXT) {
+      ASSERT_OK_AND_ASSIGN(bool more, cursor.Step(op, &k, &v));
+      if (!more) break;
+      keys.emplace_back(k);
+    }
+    ASSERT_EQ(keys.size(), 1u);
+    EXPECT_TRUE(keys[0].starts_with("warm:")) << keys[0];
+  }
+
+  // A start in this boot that died before its sweep leaves it to the next;
+  // once one has swept, a later start leaves what its registry does not
+  // name (another daemon's on the same uppers).
+  ASSERT_EQ(::access((boot_dir + "/swept").c_str(), F_OK), 0);
+  StopDaemon(SIGKILL);
+  ASSERT_OK(RemoveTree(boot_dir + "/swept"));
+  ASSERT_OK_AND_ASSIGN(made, RunCommand({.argv = {"btrfs", "subvolume", "create", uppers_ + "/.snapshots/sb-0123456789ab-2"}}));
+  ASSERT_TRUE(made.success()) << made.err;
+  StartDaemon();
+  EXPECT_NE(::access((uppers_ + "/.snapshots/sb-0123456789ab-2").c_str(), F_OK), 0);
+  StopDaemon(SIGKILL);
+  ASSERT_OK_AND_ASSIGN(made, RunCommand({.argv = {"btrfs", "subvolume", "create", uppers_ + "/.snapshots/sb-0123456789ab-3"}}));
+  ASSERT_TRUE(made.success()) << made.err;
+  StartDaemon();
+  EXPECT_EQ(::access((uppers_ + "/.snapshots/sb-0123456789ab-3").c_str(), F_OK), 0);
+  ASSERT_OK_AND_ASSIGN(made, RunCommand({.argv = {"btrfs", "subvolume", "delete", uppers_ + "/.snapshots/sb-0123456789ab-3"}}));
+  EXPECT_TRUE(made.success()) << made.err;
+  ASSERT_OK_AND_ASSIGN(who, Cli({"exec", id, "--", "sh", "-c", "echo $WHO"}));
+  EXPECT_EQ(who.out, "kept\n") << who.err;
   EXPECT_OK(client_->Destroy(id));
   ASSERT_OK(client_->SetWarmPool({{"layers", {"busybox:1"}}}, 0).status());
   for (int i = 0; i < 300 && !client_->WarmPools().value_or(json::array()).empty(); ++i) std::this_thread::sleep_for(100ms);

@@ -5,6 +5,7 @@
 #include <signal.h>
 
 #include <filesystem>
+#include <set>
 #include <thread>
 
 #include "common/fs.h"
@@ -73,9 +74,21 @@ TEST_F(WarmPoolTest, CreatesThatMatchTakeReadySandboxesAndThePoolRefills) {
   EXPECT_NE(metrics.find(StrCat("strata_warm_taken_total{pool=\"", name, "\"} 2")), std::string::npos) << metrics;
 
   // A kill -9 of the daemon: the next one adopts the taken sandboxes under
-  // their ids and the ready ones into the pool.
+  // their ids and the ready ones into the pool (the same ones: none made
+  // again, none removed).
+  auto run_dirs = [&] {
+    std::set<std::string> names;
+    for (const auto& e : std::filesystem::directory_iterator(dir_.Sub("run"))) {
+      if (e.path().filename().string().starts_with("sb-")) names.insert(e.path().filename().string());
+    }
+    return names;
+  };
+  const std::set<std::string> before = run_dirs();
+  EXPECT_EQ(before.size(), 6u);  // 3 ready, 2 taken, 1 cold
   StopDaemon(SIGKILL);
   StartDaemon();
+  EXPECT_EQ(run_dirs(), before);
+  EXPECT_EQ(Pool(name).value("ready", 0), 3) << Pool(name).dump();
   json list = client_->List().value_or(json::array());
   EXPECT_EQ(list.size(), 3u) << list.dump();
   EXPECT_EQ(Info(a).value("warm_pool", ""), name);
