@@ -13,7 +13,8 @@ namespace {
 // Readahead (served_layer.h has the why).
 constexpr size_t kStreams = 8;          // sequential readers tracked per layer
 constexpr size_t kMaxGap = 4;           // extents a continuing read may skip
-constexpr size_t kStartWindow = 2;      // extents, on a stream's first step
+constexpr size_t kRunToOpen = 2;        // steps onto the next extent in a row that open a window
+constexpr size_t kStartWindow = 2;      // extents, when a stream's window opens
 constexpr size_t kMaxWindow = 64;       // extents
 constexpr uint64_t kMaxAhead = 32 << 20;  // blob bytes ahead of the reader
 constexpr size_t kLayerRunning = 8;     // readahead fetches per layer at once
@@ -172,14 +173,22 @@ void ServedLayer::ReadAhead(size_t first, size_t last) {
   }
   if (stream) {
     if (last + 1 > stream->next) {  // a step onto new extents
+      if (first > stream->next) {
+        // Over a gap: the same reader, perhaps, but hopping (an import
+        // reading some of a directory's files), not walking. Its window
+        // closes until it walks again.
+        stream->run = 0;
+        stream->window = 0;
+      } else if (++stream->run >= kRunToOpen) {
+        stream->window = stream->window ? std::min(stream->window * 2, kMaxWindow) : kStartWindow;
+      }
       stream->next = last + 1;
-      stream->window = stream->stepped ? std::min(stream->window * 2, kMaxWindow) : kStartWindow;
-      stream->stepped = true;
     }
     stream->used = now;
   } else {
     // A new reader, or one that jumped: a stream of its own, replacing the
-    // one idle longest. One read is not a pattern: no window until it steps.
+    // one idle longest. One read is not a pattern, nor is one step: no
+    // window until it has stepped twice onto the next extent.
     if (streams_.size() < kStreams) {
       streams_.emplace_back();
       stream = &streams_.back();
@@ -187,7 +196,7 @@ void ServedLayer::ReadAhead(size_t first, size_t last) {
       stream = &*std::min_element(streams_.begin(), streams_.end(),
                                   [](const Stream& a, const Stream& b) { return a.used < b.used; });
     }
-    *stream = Stream{last + 1, 0, last + 1, now, false};
+    *stream = Stream{last + 1, 0, last + 1, now, 0};
   }
   TopUpLocked();
 }
@@ -200,7 +209,7 @@ void ServedLayer::TopUpLocked() {
   std::weak_ptr<ServedLayer> weak = weak_from_this();
   for (auto& s : streams_) {
     if (ra_running_ >= kLayerRunning) return;
-    if (!s.stepped || s.next >= extents.size() || now - s.used > idle_ms) continue;
+    if (s.window == 0 || s.next >= extents.size() || now - s.used > idle_ms) continue;
     const size_t end = std::min(extents.size(), s.next + s.window);
     const uint64_t limit = extents[s.next].offset + kMaxAhead;
     size_t i = std::max(s.issued, s.next);

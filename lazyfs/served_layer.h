@@ -1,11 +1,13 @@
 // ServedLayer: one layer as lazyfs serves it — its metadata image and its
 // blob as byte ranges, read through the node's chunk cache.
 //
-// Readahead: a reader that walks the blob in order (extent after extent,
-// small gaps allowed: dedup and holes) gets the next extents fetched ahead
-// of it in the background, in a window that starts at 2 extents on its
-// first step onto a following extent and doubles with every step up to 64
-// extents or 32 MiB of blob. At most 8 such
+// Readahead: a reader that walks the blob in order (extent after extent)
+// gets the next extents fetched ahead of it in the background, in a window
+// that opens at 2 extents on its second step in a row onto the next extent
+// and doubles with every further one, up to 64 extents or 32 MiB of blob. A
+// reader that hops forward over a few extents (up to 4: an import reading
+// some of a directory's files) keeps its stream but not its window, which
+// opens again only after two steps in a row. At most 8 such
 // fetches per layer run at once, and the chunk cache runs at most its
 // background share (DaemonOptions::prefetch_threads) for the whole node, all
 // behind every waiting read. A reader that jumps away starts a new stream;
@@ -96,7 +98,7 @@ class ServedLayer : public std::enable_shared_from_this<ServedLayer> {
     size_t window = 0;   // extents to keep fetched ahead of `next`
     size_t issued = 0;   // readahead has been asked up to here (exclusive)
     uint64_t used = 0;   // when a read last continued it (steady ms)
-    bool stepped = false;  // read onto a following extent at least once
+    size_t run = 0;      // steps onto the next extent in a row (none skipped)
   };
 
   const Digest128 digest_;

@@ -128,6 +128,25 @@ TEST_F(ReadaheadTest, OneReadIsNotAPatternAndAReaderThatJumpedAwayIsNotFollowed)
   EXPECT_EQ(after, before);
 }
 
+TEST_F(ReadaheadTest, AReaderThatHopsOverExtentsIsNotWalkingUntilItStepsTwiceInARow) {
+  // As an import reads some of a directory's files: forward, a few extents
+  // apart, now and then two neighbours. Only what it reads is fetched.
+  const std::vector<size_t> hops = {10, 12, 13, 16, 17, 19, 22};
+  for (size_t i : hops) ReadExtent(i);
+  Settle();
+  EXPECT_EQ(Fetched(), std::set<size_t>(hops.begin(), hops.end()));
+  EXPECT_EQ(layer_->Stats().readahead_fetches, 0u);
+  // Then it walks: two steps in a row onto the next extent open its window.
+  ReadExtent(23);
+  Settle();
+  EXPECT_EQ(layer_->Stats().readahead_fetches, 0u);
+  ReadExtent(24);
+  Settle();
+  std::set<size_t> fetched = Fetched();
+  EXPECT_TRUE(fetched.count(25) && fetched.count(26)) << "the window after 24";
+  EXPECT_GT(layer_->Stats().readahead_fetches, 0u);
+}
+
 TEST_F(ReadaheadTest, TheRecordedAccessListComesFirstAndReadaheadWaitsForIt) {
   store_->SetDelay(3ms);
   // The list: every 2nd extent, last first (long enough to outlast the
