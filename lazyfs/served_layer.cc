@@ -13,7 +13,9 @@ namespace {
 // Readahead (served_layer.h has the why).
 constexpr size_t kStreams = 8;          // sequential readers tracked per layer
 constexpr size_t kMaxGap = 4;           // extents a continuing read may skip
-constexpr size_t kRunToOpen = 2;        // steps onto the next extent in a row that open a window
+constexpr size_t kRunToOpen = 2;        // dense steps in a row that open a window
+constexpr size_t kLate = 4;             // extents behind a stream's end whose reads may still come
+constexpr uint32_t kLateMask = (1u << kLate) - 1;
 constexpr size_t kStartWindow = 2;      // extents, when a stream's window opens
 constexpr size_t kMaxWindow = 64;       // extents
 constexpr uint64_t kMaxAhead = 32 << 20;  // blob bytes ahead of the reader
@@ -166,29 +168,50 @@ void ServedLayer::ReadAhead(size_t first, size_t last) {
   const uint64_t now = NowMs();
   Stream* stream = nullptr;
   for (auto& s : streams_) {
-    if (first + 1 >= s.next && first <= s.next + kMaxGap) {
+    if (first + kLate >= s.next && first <= s.next + kMaxGap) {
       stream = &s;
       break;
     }
   }
   if (stream) {
+    // Dense: nothing between the stream's start and its end is left unread,
+    // but for the last kLate extents, whose reads may still come (readers
+    // side by side, requests answered out of order).
+    bool dense = false;
     if (last + 1 > stream->next) {  // a step onto new extents
-      if (first > stream->next) {
-        // Over a gap: the same reader, perhaps, but hopping (an import
-        // reading some of a directory's files), not walking. Its window
-        // closes until it walks again.
-        stream->run = 0;
-        stream->window = 0;
-      } else if (++stream->run >= kRunToOpen) {
-        stream->window = stream->window ? std::min(stream->window * 2, kMaxWindow) : kStartWindow;
+      const size_t d = last + 1 - stream->next;
+      // Skipped extents that fall more than kLate behind the new end stay
+      // skipped: the reader hops (an import reading some of a directory's
+      // files), it does not walk. Its window closes until it walks again.
+      bool hopped = d >= kLate ? stream->holes != 0 : (stream->holes >> (kLate - d)) != 0;
+      uint32_t holes = d >= kLate ? 0 : (stream->holes << d) & kLateMask;
+      for (size_t e = stream->next; e < first; ++e) {
+        if (last - e < kLate) holes |= 1u << (last - e);
+        else hopped = true;
       }
       stream->next = last + 1;
+      stream->holes = holes;
+      if (hopped) {
+        stream->run = 0;
+        stream->window = 0;
+      }
+      dense = holes == 0;
+    } else {  // a late read, which may fill what a step skipped
+      const uint32_t before = stream->holes;
+      for (size_t e = first; e <= last; ++e) {
+        const size_t k = stream->next - 1 - e;
+        if (k < kLate) stream->holes &= ~(1u << k);
+      }
+      dense = before != 0 && stream->holes == 0;
+    }
+    if (dense && ++stream->run >= kRunToOpen) {
+      stream->window = stream->window ? std::min(stream->window * 2, kMaxWindow) : kStartWindow;
     }
     stream->used = now;
   } else {
     // A new reader, or one that jumped: a stream of its own, replacing the
     // one idle longest. One read is not a pattern, nor is one step: no
-    // window until it has stepped twice onto the next extent.
+    // window until it has stepped twice onto the next extents.
     if (streams_.size() < kStreams) {
       streams_.emplace_back();
       stream = &streams_.back();
@@ -196,7 +219,7 @@ void ServedLayer::ReadAhead(size_t first, size_t last) {
       stream = &*std::min_element(streams_.begin(), streams_.end(),
                                   [](const Stream& a, const Stream& b) { return a.used < b.used; });
     }
-    *stream = Stream{last + 1, 0, last + 1, now, 0};
+    *stream = Stream{last + 1, 0, last + 1, now, 0, 0};
   }
   TopUpLocked();
 }

@@ -3,11 +3,13 @@
 //
 // Readahead: a reader that walks the blob in order (extent after extent)
 // gets the next extents fetched ahead of it in the background, in a window
-// that opens at 2 extents on its second step in a row onto the next extent
-// and doubles with every further one, up to 64 extents or 32 MiB of blob. A
-// reader that hops forward over a few extents (up to 4: an import reading
-// some of a directory's files) keeps its stream but not its window, which
-// opens again only after two steps in a row. At most 8 such
+// that opens at 2 extents on its second dense step in a row and doubles
+// with every further one, up to 64 extents or 32 MiB of blob. A step is
+// dense when no extent before it is left unread; the last 4 may be read
+// late (readers side by side, requests answered out of order) and still
+// count. A reader that hops forward over extents it never reads (an import
+// reading some of a directory's files) keeps its stream but not its
+// window, which opens again only after two dense steps. At most 8 such
 // fetches per layer run at once, and the chunk cache runs at most its
 // background share (DaemonOptions::prefetch_threads) for the whole node, all
 // behind every waiting read. A reader that jumps away starts a new stream;
@@ -98,7 +100,8 @@ class ServedLayer : public std::enable_shared_from_this<ServedLayer> {
     size_t window = 0;   // extents to keep fetched ahead of `next`
     size_t issued = 0;   // readahead has been asked up to here (exclusive)
     uint64_t used = 0;   // when a read last continued it (steady ms)
-    size_t run = 0;      // steps onto the next extent in a row (none skipped)
+    size_t run = 0;      // dense steps in a row (nothing before them left unread)
+    uint32_t holes = 0;  // bit k: extent next-1-k was skipped and not read yet (k < 4)
   };
 
   const Digest128 digest_;

@@ -136,15 +136,49 @@ TEST_F(ReadaheadTest, AReaderThatHopsOverExtentsIsNotWalkingUntilItStepsTwiceInA
   Settle();
   EXPECT_EQ(Fetched(), std::set<size_t>(hops.begin(), hops.end()));
   EXPECT_EQ(layer_->Stats().readahead_fetches, 0u);
-  // Then it walks: two steps in a row onto the next extent open its window.
-  ReadExtent(23);
+  // Then it walks. Its last skipped extents (20, 21) might still be read by
+  // a reader beside it, until they fall 4 behind its end: from 25 on, its
+  // steps are dense, and the second one opens its window.
+  for (size_t i = 23; i <= 25; ++i) ReadExtent(i);
   Settle();
   EXPECT_EQ(layer_->Stats().readahead_fetches, 0u);
-  ReadExtent(24);
+  ReadExtent(26);
   Settle();
   std::set<size_t> fetched = Fetched();
-  EXPECT_TRUE(fetched.count(25) && fetched.count(26)) << "the window after 24";
+  EXPECT_TRUE(fetched.count(27) && fetched.count(28)) << "the window after 26";
   EXPECT_GT(layer_->Stats().readahead_fetches, 0u);
+}
+
+TEST_F(ReadaheadTest, ReadsThatArriveOutOfOrderStillWalk) {
+  // Readers side by side, or requests answered out of order: each read a
+  // step ahead of the one it fills in after.
+  for (size_t i : {40u, 42u, 41u, 43u, 45u, 44u, 46u}) ReadExtent(i);
+  Settle();
+  std::set<size_t> fetched = Fetched();
+  EXPECT_TRUE(fetched.count(47) && fetched.count(50)) << "the window after 46";
+  EXPECT_GT(layer_->Stats().readahead_fetches, 0u);
+}
+
+TEST_F(ReadaheadTest, AWalkerThatStartsHoppingLosesItsWindow) {
+  for (size_t i = 60; i <= 65; ++i) ReadExtent(i);
+  Settle();
+  const std::set<size_t> walked = Fetched();
+  const size_t ahead = *walked.rbegin();
+  ASSERT_GT(ahead, 65u);
+  // Every third extent from here: once the first skipped ones fall 4
+  // behind, nothing is fetched but what it reads.
+  std::set<size_t> hops;
+  for (size_t i = 68; i <= ahead + 20 && i < static_cast<size_t>(kFiles); i += 3) {
+    ReadExtent(i);
+    hops.insert(i);
+  }
+  Settle();
+  // (The step onto 68 still tops its window up, by the 3 extents it moved.)
+  for (size_t i : Fetched()) {
+    if (i > ahead + 8) {
+      EXPECT_TRUE(hops.count(i)) << "extent " << i << " fetched, never read";
+    }
+  }
 }
 
 TEST_F(ReadaheadTest, TheRecordedAccessListComesFirstAndReadaheadWaitsForIt) {
