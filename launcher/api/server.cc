@@ -466,7 +466,14 @@ Status LauncherServer::Register() {
   Registrar::Options o{.endpoints = c.endpoints, .ca_file = c.etcd_ca, .lease_seconds = c.lease_seconds};
   auto report = [this](NodeRecord* r) {
     const json health = NodeHealth();
-    r->sandboxes = health.value("sandboxes", int64_t{0});
+    // With the creates admitted and under way: a gateway counts its
+    // placements as pending until a report made after they arrived.
+    int64_t creating = 0;
+    {
+      std::lock_guard lock(admission_mu_);
+      creating = creating_;
+    }
+    r->sandboxes = health.value("sandboxes", int64_t{0}) + creating;
     r->accepting = health.value("accepting", true);
     r->headroom = health["headroom"];
     r->memory_available = r->headroom.value("memory_available", uint64_t{0});

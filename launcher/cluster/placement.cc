@@ -11,6 +11,15 @@ namespace {
 // A report is made about once a second and takes a moment to reach the
 // gateway: placements older than this are in the node's count.
 constexpr auto kPendingWindow = std::chrono::milliseconds(1500);
+// A placement reaches its node within this; a report the node made later
+// counts it (its sandboxes and the creates it has admitted). Without it, a
+// burst's placements were counted twice until the window passed, in the
+// report and as pending, and opened the overflow pool early.
+constexpr int64_t kTransitMs = 250;
+
+int64_t WallMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
 }  // namespace
 
 Placer::Placer(PlacementPolicy policy) : policy_(std::move(policy)), rng_(std::random_device{}()) {
@@ -28,7 +37,10 @@ void Placer::Update(const std::vector<NodeRecord>& live, const std::set<std::str
       n.pending = std::move(nodes_[it->second].pending);
       // A newer report counts what was placed before it arrived.
       if (record.at_ms != nodes_[it->second].record.at_ms) {
-        while (!n.pending.empty() && now - n.pending.front() > kPendingWindow) n.pending.pop_front();
+        while (!n.pending.empty() && (n.pending.front().wall_ms < record.at_ms - kTransitMs ||
+                                      now - n.pending.front().at > kPendingWindow)) {
+          n.pending.pop_front();
+        }
       }
     }
     n.record = record;
@@ -115,7 +127,8 @@ Result<std::string> Placer::Place(const PlacementRequest& request, const std::se
     }
   }
   Node& chosen = nodes_[scratch_[best]];
-  chosen.pending.insert(chosen.pending.end(), static_cast<size_t>(std::max(1, request.count)), std::chrono::steady_clock::now());
+  chosen.pending.insert(chosen.pending.end(), static_cast<size_t>(std::max(1, request.count)),
+                        Node::Placed{std::chrono::steady_clock::now(), WallMs()});
   return chosen.record.name;
 }
 

@@ -62,7 +62,11 @@ class Placer {
     bool overflow = false;
     int64_t slots = 1;  // EffectiveSlots()
     // This gateway's placements the node's last report may not count.
-    std::deque<std::chrono::steady_clock::time_point> pending;
+    struct Placed {
+      std::chrono::steady_clock::time_point at;
+      int64_t wall_ms;  // when, on the clock the node's reports are dated by
+    };
+    std::deque<Placed> pending;
     double Load() const { return static_cast<double>(record.sandboxes + static_cast<int64_t>(pending.size())) / slots; }
   };
   double MainUtilisationLocked() const;

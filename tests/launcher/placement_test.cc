@@ -97,6 +97,28 @@ TEST(PlacementTest, TheOverflowPoolOpensOnlyAboveTheThreshold) {
   EXPECT_EQ(*p.Place({}), "cloud");
 }
 
+TEST(PlacementTest, AReportMadeAfterPlacementsArrivedCountsThemOnce) {
+  const int64_t now_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                             std::chrono::system_clock::now().time_since_epoch()).count();
+  Placer p;  // pool=cloud above 80 %
+  auto m1 = [&](int64_t sandboxes, int64_t at_ms) {
+    NodeRecord m = Node("m1", sandboxes);
+    m.at_ms = at_ms;
+    return m;
+  };
+  p.Update({m1(0, now_ms - 5000), Node("cloud", 0, 100, "cloud")}, {});
+  for (int i = 0; i < 60; ++i) EXPECT_EQ(*p.Place({}), "m1");
+  EXPECT_DOUBLE_EQ(p.MainUtilisation(), 0.6);
+  // A report made before they arrived counts none of them: still pending.
+  p.Update({m1(0, now_ms - 4000), Node("cloud", 0, 100, "cloud")}, {});
+  EXPECT_DOUBLE_EQ(p.MainUtilisation(), 0.6);
+  // One made after counts all 60 (created or under way): not twice, so the
+  // overflow pool stays closed for the next 15.
+  p.Update({m1(60, now_ms + 1000), Node("cloud", 0, 100, "cloud")}, {});
+  EXPECT_DOUBLE_EQ(p.MainUtilisation(), 0.6);
+  for (int i = 0; i < 15; ++i) EXPECT_EQ(*p.Place({}), "m1");
+}
+
 TEST(PlacementTest, ARefusedPlacementIsTakenBack) {
   Placer p;
   p.Update({Node("a", 99)}, {});
