@@ -412,16 +412,8 @@ void PrintNginxImports(const layerctl::BuiltLayer& built, LocalImage& local, con
     json stats;
   };
   std::vector<NginxRow> nginx_rows;
-  for (const char* compress : {"none", "zstd:1"}) {
-    const std::string sub = compress[0] == 'n' ? "raw" : "zstd";
-    const std::string nginx_store_dir = nginx->root() + "/" + sub;
-    cache::Catalog nginx_catalog(Check(cache::OpenStore("file://" + nginx_store_dir)));
-    Check(layerctl::Push(built, nginx_catalog, cache::LayerRef{"bench", "1"},
-                         {.compression = Check(cache::ParseCompression(compress))})
-              .status());
-    NginxRow row{StrCat("chunks ", compress, ", ", Fixed(MiB(DirBytes(nginx_store_dir + "/chunks")), 0), " MiB"), {}, {}, {}, {}};
-    Check(MakeDirs(dir.Sub("nginx-" + sub)));
-    Lazyfs over_http("kernel", dir.Sub("nginx-" + sub), nginx->url() + "/" + sub, nginx_store_dir);
+  // The local image and lazyfs in turn, each round.
+  auto rounds = [&](NginxRow& row, Lazyfs& over_http) {
     for (int round = 0; round < kNginxRounds; ++round) {
       // Up() returns the mount's own time (the daemon's start is not in it).
       double mount_s = local.Up();
@@ -433,6 +425,18 @@ void PrintNginxImports(const layerctl::BuiltLayer& built, LocalImage& local, con
       row.stats = over_http.Stats();
       over_http.Down();
     }
+  };
+  for (const char* compress : {"none", "zstd:1"}) {
+    const std::string sub = compress[0] == 'n' ? "raw" : "zstd";
+    const std::string nginx_store_dir = nginx->root() + "/" + sub;
+    cache::Catalog nginx_catalog(Check(cache::OpenStore("file://" + nginx_store_dir)));
+    Check(layerctl::Push(built, nginx_catalog, cache::LayerRef{"bench", "1"},
+                         {.compression = Check(cache::ParseCompression(compress))})
+              .status());
+    NginxRow row{StrCat("chunks ", compress, ", ", Fixed(MiB(DirBytes(nginx_store_dir + "/chunks")), 0), " MiB"), {}, {}, {}, {}};
+    Check(MakeDirs(dir.Sub("nginx-" + sub)));
+    Lazyfs over_http("kernel", dir.Sub("nginx-" + sub), nginx->url() + "/" + sub, nginx_store_dir);
+    rounds(row, over_http);
     nginx_rows.push_back(std::move(row));
   }
   // The compressed store again, with the access list a first mount recorded
@@ -448,16 +452,7 @@ void PrintNginxImports(const layerctl::BuiltLayer& built, LocalImage& local, con
     recorder.Down();
     NginxRow row{StrCat(nginx_rows.back().what, ", access list recorded"), {}, {}, {}, {}};
     Lazyfs over_http("kernel", dir.Sub("nginx-listed"), nginx->url() + "/zstd", nginx_store_dir);
-    for (int round = 0; round < kNginxRounds; ++round) {
-      double mount_s = local.Up();
-      row.local_s.push_back(mount_s + Time([&] { RunPython(local.mountpoint()); }));
-      local.Down();
-      mount_s = over_http.Up();
-      row.lazy_mount_s.push_back(mount_s);
-      row.lazy_s.push_back(mount_s + Time([&] { RunPython(over_http.mountpoint()); }));
-      row.stats = over_http.Stats();
-      over_http.Down();
-    }
+    rounds(row, over_http);
     if (row.stats.value("list_fetches", uint64_t{0}) == 0) Check(Error(EIO, "the recorded access list was not prefetched: " + row.stats.dump()));
     nginx_rows.push_back(std::move(row));
   }
