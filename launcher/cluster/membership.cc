@@ -10,11 +10,9 @@ namespace strata::launcher {
 
 using nlohmann::json;
 
-namespace {
-int64_t NowMs() {
+int64_t ReportClockMs() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
-}  // namespace
 
 json NodeRecord::ToJson() const {
   return {{"name", name},
@@ -119,7 +117,7 @@ strata::Status Registrar::RefreshOnce() {
   }
   NodeRecord now = node_;
   if (report_) report_(&now);
-  now.at_ms = NowMs();
+  now.at_ms = ReportClockMs();
   return etcd_->Put(kLivePrefix + node_.name, now.ToJson().dump(), lease_);
 }
 

@@ -34,6 +34,10 @@ inline constexpr const char* kNodesPrefix = "/strata/nodes/";
 inline constexpr const char* kLivePrefix = "/strata/live/";
 inline constexpr const char* kCordonPrefix = "/strata/cordon/";
 
+// The clock a node's reports are dated by (`at_ms`): wall clock, ms. A
+// gateway compares its own placements with them on the same clock.
+int64_t ReportClockMs();
+
 struct NodeRecord {
   std::string name;
   std::string url;  // its API: "https://10.0.0.7:7443"

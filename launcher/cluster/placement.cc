@@ -16,10 +16,6 @@ constexpr auto kPendingWindow = std::chrono::milliseconds(1500);
 // burst's placements were counted twice until the window passed, in the
 // report and as pending, and opened the overflow pool early.
 constexpr int64_t kTransitMs = 250;
-
-int64_t WallMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
 }  // namespace
 
 Placer::Placer(PlacementPolicy policy) : policy_(std::move(policy)), rng_(std::random_device{}()) {
@@ -128,7 +124,7 @@ Result<std::string> Placer::Place(const PlacementRequest& request, const std::se
   }
   Node& chosen = nodes_[scratch_[best]];
   chosen.pending.insert(chosen.pending.end(), static_cast<size_t>(std::max(1, request.count)),
-                        Node::Placed{std::chrono::steady_clock::now(), WallMs()});
+                        Node::Placed{std::chrono::steady_clock::now(), ReportClockMs()});
   return chosen.record.name;
 }
 

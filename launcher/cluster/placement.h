@@ -64,7 +64,7 @@ class Placer {
     // This gateway's placements the node's last report may not count.
     struct Placed {
       std::chrono::steady_clock::time_point at;
-      int64_t wall_ms;  // when, on the clock the node's reports are dated by
+      int64_t wall_ms;  // when, by ReportClockMs()
     };
     std::deque<Placed> pending;
     double Load() const { return static_cast<double>(record.sandboxes + static_cast<int64_t>(pending.size())) / slots; }

@@ -98,8 +98,7 @@ TEST(PlacementTest, TheOverflowPoolOpensOnlyAboveTheThreshold) {
 }
 
 TEST(PlacementTest, AReportMadeAfterPlacementsArrivedCountsThemOnce) {
-  const int64_t now_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
-                             std::chrono::system_clock::now().time_since_epoch()).count();
+  const int64_t now_ms = ReportClockMs();
   Placer p;  // pool=cloud above 80 %
   auto m1 = [&](int64_t sandboxes, int64_t at_ms) {
     NodeRecord m = Node("m1", sandboxes);
