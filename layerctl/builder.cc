@@ -39,7 +39,8 @@ Result<BuiltLayer> Build(const BuildOptions& options, const FillImage& fill,
   // 1. The image, under temporary names.
   const std::string meta_tmp = JoinPath(out, ".meta.tmp"), blob_tmp = JoinPath(out, ".blob.tmp");
   TempFiles temps({meta_tmp, blob_tmp});
-  auto writer = ImageWriter::Create({.block_size = 4096, .chunk_size = options.chunk_size, .blob_path = blob_tmp});
+  auto writer = ImageWriter::Create({.block_size = 4096, .chunk_size = options.chunk_size, .group_size = options.group_size,
+                                      .blob_path = blob_tmp});
   if (!writer.ok()) return writer.status().Annotate(where("start the image"));
   STRATA_RETURN_IF_ERROR(fill(**writer));
   auto image = (*writer)->Finish(meta_tmp);

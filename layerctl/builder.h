@@ -17,6 +17,9 @@ inline constexpr const char* kMetaFile = "meta.img";
 inline constexpr const char* kBlobFile = "blob.img";
 inline constexpr const char* kManifestFile = "manifest.json";
 
+// Extents of small files' chunks grouped, at most (BuildOptions::group_size).
+inline constexpr uint32_t kDefaultGroupSize = 128 << 10;
+
 struct BuildOptions {
   std::string source;      // directory, tar archive, or "-" (tar on stdin)
   std::string output_dir;  // created if missing; the three files are replaced
@@ -24,6 +27,9 @@ struct BuildOptions {
   std::string name;
   std::vector<Digest128> parents;  // diffs: the stack below, bottom first
   uint32_t chunk_size = 1 << 20;
+  // Small files' chunks side by side are grouped into extents of at most
+  // this many bytes; 0: one extent per chunk (ImageWriter::Options).
+  uint32_t group_size = kDefaultGroupSize;
 };
 
 struct BuiltLayer {

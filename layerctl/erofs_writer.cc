@@ -690,6 +690,57 @@ Result<uint32_t> ImageWriter::StoreChunk(std::string_view path, uint64_t file_of
   return id;
 }
 
+// Small chunks side by side in the blob become one extent, so a tree of
+// many small files is not as many store objects, fetches and cache files
+// (docs/formats.md, "The blob's extents"). A group takes chunks under half
+// the group size that follow each other with nothing between them but
+// their padding, and ends after a chunk whose name ends in four zero bits, or where the
+// next chunk would take it past the group size. Where a group ends thus
+// depends on its members' names and sizes, not on their offsets: a changed
+// file renames its own group, and the groups after it up to the next one
+// that ended by a name (usually none or one: a group ends by size only
+// when its members average over 8 KiB); the groups after that are the same
+// as before, wherever their chunks moved in the blob.
+Result<std::vector<cache::Extent>> ImageWriter::GroupSmallChunks(const std::vector<const StoredChunk*>& live) const {
+  const uint64_t group = std::min<uint64_t>(options_.group_size, options_.chunk_size);
+  const uint64_t bsize = options_.block_size;
+  std::vector<cache::Extent> out;
+  std::string buf;
+  auto small = [&](const StoredChunk& c) { return group > 0 && c.length < group / 2; };
+  for (size_t i = 0; i < live.size();) {
+    const StoredChunk& first = *live[i];
+    size_t end = i + 1;  // one past the group's last member
+    if (small(first)) {
+      while (end < live.size() && (live[end - 1]->hash.low & 15) != 0) {
+        const StoredChunk& prev = *live[end - 1];
+        const StoredChunk& next = *live[end];
+        if (!small(next) || next.offset != prev.offset + AlignUp(prev.length, bsize) ||
+            next.offset + next.length - first.offset > group) {
+          break;
+        }
+        ++end;
+      }
+    }
+    if (end == i + 1) {
+      out.push_back({first.offset, first.length, first.hash});
+      ++i;
+      continue;
+    }
+    const StoredChunk& last = *live[end - 1];
+    const uint64_t length = last.offset + last.length - first.offset;
+    buf.resize(length);
+    auto read = PreadFull(blob_fd_.get(), buf, first.offset);
+    if (!read.ok() || *read != length) {
+      return Error(read.ok() ? EIO : read.status().code(),
+                   StrCat("read back a group of chunks at ", first.offset, " from the blob ", options_.blob_path, ": ",
+                          read.ok() ? "short read" : read.status().message()));
+    }
+    out.push_back({first.offset, length, HashBytes(buf)});
+    i = end;
+  }
+  return out;
+}
+
 namespace {
 
 // The metadata image as it is written: appends in order, hashes every byte
@@ -886,10 +937,11 @@ Result<ImageSummary> ImageWriter::Finish(const std::string& meta_path) {
   }
   ImageSummary summary;
   uint64_t blob_size = 0;
+  std::vector<const StoredChunk*> live;
   for (const StoredChunk& c : chunks_) {
     const uint64_t padded = AlignUp(c.length, bsize);
     if (c.live) {
-      summary.extents.push_back({c.offset, c.length, c.hash});
+      live.push_back(&c);
       blob_size = c.offset + padded;
       continue;
     }
@@ -905,6 +957,9 @@ Result<ImageSummary> ImageWriter::Finish(const std::string& meta_path) {
     const int err = errno;
     return fail(err, StrCat("truncate the blob ", options_.blob_path, ": ", std::strerror(err)));
   }
+  auto grouped = GroupSmallChunks(live);
+  if (!grouped.ok()) return fail(grouped.status().code(), grouped.status().message());
+  summary.extents = std::move(*grouped);
 
   // 5. Write the metadata image in offset order.
   auto meta_fd = OpenFile(meta_path, O_RDWR | O_CREAT | O_TRUNC, 0644);

@@ -74,9 +74,11 @@ using DataSource = std::function<Result<std::optional<DataPiece>>()>;
 
 // What Finish returns.
 struct ImageSummary {
-  // Every chunk stored in the blob, by offset: the manifest's extents.
-  // `length` is the chunk's data bytes (not rounded up); the blob holds
-  // zeros from offset + length to the next extent.
+  // The manifest's extents, by offset: every chunk stored in the blob,
+  // small ones side by side grouped (Options::group_size).
+  // `length` is the data bytes up to the end of the last chunk's data (not
+  // rounded up); the blob holds zeros from offset + length to the next
+  // extent, and between a group's chunks.
   std::vector<cache::Extent> extents;
   uint64_t inodes = 0;      // inodes in the image (a hardlinked file counts once)
   uint64_t file_bytes = 0;  // sum of the sizes of the regular-file inodes
@@ -92,6 +94,11 @@ class ImageWriter {
     // its page size (4 KiB on x86-64); fsck.erofs 1.5 knows 4 KiB only.
     uint32_t block_size = 4096;
     uint32_t chunk_size = 1 << 20;  // a power of two, at least block_size
+    // Chunks under half this size that lie side by side in the blob are
+    // grouped into extents of at most this size (and the chunk size); 0:
+    // every chunk is its own extent. See GroupSmallChunks. (Layers are
+    // built with BuildOptions::group_size.)
+    uint32_t group_size = 0;
     std::string blob_path;          // created or truncated now
   };
 
@@ -150,6 +157,7 @@ class ImageWriter {
   struct Node;
   struct StoredChunk;
   struct ChunkMap;
+  Result<std::vector<cache::Extent>> GroupSmallChunks(const std::vector<const StoredChunk*>& live) const;
   class ChunkAssembler;
 
   explicit ImageWriter(const Options& options);

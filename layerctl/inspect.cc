@@ -41,7 +41,10 @@ Status ListLayerFiles(const cache::Catalog& catalog, const Digest128& digest,
         FileExtent fe{e.file_offset, e.length, e.hole, !e.hole && e.device == 0, 0, std::nullopt};
         if (!e.hole && e.device != 0) {
           fe.blob_offset = e.physical;
-          if (const cache::Extent* m = manifest->FindExtent(e.physical)) fe.chunk = m->hash;
+          if (const cache::Extent* m = manifest->FindExtent(e.physical)) {
+            fe.chunk = m->hash;
+            fe.chunk_offset = e.physical - m->offset;
+          }
         }
         entry.extents.push_back(fe);
       }

@@ -22,6 +22,7 @@ struct FileExtent {
   bool in_metadata = false;      // an inline tail inside the metadata image
   uint64_t blob_offset = 0;      // where the bytes are in the blob (not holes or inline tails)
   std::optional<Digest128> chunk;  // the manifest extent holding them (none for a zero-filled gap)
+  uint64_t chunk_offset = 0;       // where in that extent: past 0 when it groups small files' chunks
 };
 
 struct FileEntry {

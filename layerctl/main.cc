@@ -95,7 +95,10 @@ json FileJson(const layerctl::FileEntry& f) {
         x["in_metadata"] = true;
       } else {
         x["blob_offset"] = e.blob_offset;
-        if (e.chunk) x["chunk"] = e.chunk->Hex();
+        if (e.chunk) {
+          x["chunk"] = e.chunk->Hex();
+          x["chunk_offset"] = e.chunk_offset;
+        }
       }
       extents.push_back(std::move(x));
     }
@@ -135,12 +138,15 @@ int main(int argc, char** argv) {
 
   // build
   auto* build = app.add_subcommand("build", "build a layer from a directory or a tar archive (plain, gzip, zstd, xz, bzip2; - for stdin)");
-  std::string src, out_dir, kind_text = "base", name, chunk_text = "1M", tag_text;
+  std::string src, out_dir, kind_text = "base", name, chunk_text = "1M", group_text = "128K", tag_text;
   build->add_option("SRC", src, "directory or tar archive")->required();
   build->add_option("-o,--output", out_dir, "write meta.img, blob.img and manifest.json here");
   build->add_option("--kind", kind_text, "base, workspace, toolkit or diff")->capture_default_str();
   build->add_option("--name", name, "layer name recorded in the manifest");
   build->add_option("--chunk-size", chunk_text, "EROFS chunk size, the largest extent")->capture_default_str();
+  build->add_option("--group-size", group_text,
+                    "small files' chunks side by side become one extent of at most this size (0: one extent per chunk)")
+      ->capture_default_str();
   build->add_option("--tag", tag_text, "also push and tag as NAME:VERSION");
   std::string compress_text;
   const char* compress_help = "chunk encoding in the store: none, zstd or zstd:LEVEL (1-19; default: the store's setting, zstd:1)";
@@ -230,6 +236,8 @@ int main(int argc, char** argv) {
     if (!kind.ok()) return Fail(kind.status());
     auto chunk = ParseSize(chunk_text);
     if (!chunk.ok()) return Fail(chunk.status());
+    auto group = ParseSize(group_text);
+    if (!group.ok()) return Fail(group.status().Annotate("build: --group-size"));
     std::optional<TempDir> tmp;
     if (out_dir.empty()) {
       auto t = TempDir::Create("strata-build");
@@ -238,7 +246,8 @@ int main(int argc, char** argv) {
       out_dir = tmp->path();
     }
     layerctl::BuildOptions options{.source = src, .output_dir = out_dir, .kind = *kind, .name = name,
-                                   .chunk_size = static_cast<uint32_t>(*chunk)};
+                                   .chunk_size = static_cast<uint32_t>(*chunk),
+                                   .group_size = static_cast<uint32_t>(*group)};
     auto built = layerctl::BuildLayer(options);
     if (!built.ok()) return Fail(built.status());
     if (!to_tag) {

@@ -475,9 +475,15 @@ int Run(int argc, char** argv) {
   if (::geteuid() != 0) Check(Error(EPERM, "needs root: it mounts EROFS images and FUSE file systems"));
   const std::string repo = SelfDir() + "/../../..";
   std::string rootfs;
-  // Second argument: the layer's chunk size (default 1M), to see what it
-  // does to cold random reads and to everything else.
-  const uint32_t chunk_size = argc > 2 ? static_cast<uint32_t>(Check(ParseSize(argv[2]))) : 1u << 20;
+  // Second argument: the layer's chunk size (default 1M), and after a '/'
+  // its group size (default 128K; 0: an extent per chunk), to see what
+  // they do to cold random reads and to everything else.
+  uint32_t chunk_size = 1u << 20, group_size = layerctl::kDefaultGroupSize;
+  if (argc > 2 && std::string_view(argv[2]) != "-") {
+    const auto parts = Split(argv[2], '/');
+    chunk_size = static_cast<uint32_t>(Check(ParseSize(parts[0])));
+    if (parts.size() > 1) group_size = static_cast<uint32_t>(Check(ParseSize(parts[1])));
+  }
   if (argc > 1 && std::string_view(argv[1]) != "-") {
     rootfs = argv[1];
   } else {
@@ -490,7 +496,8 @@ int Run(int argc, char** argv) {
 
   std::fprintf(stderr, "lazyfs_bench: building the layer from %s\n", rootfs.c_str());
   auto built = Check(
-      layerctl::BuildLayer({.source = rootfs, .output_dir = dir.Sub("layer"), .name = "bench", .chunk_size = chunk_size}));
+      layerctl::BuildLayer({.source = rootfs, .output_dir = dir.Sub("layer"), .name = "bench", .chunk_size = chunk_size,
+                            .group_size = group_size}));
   cache::Catalog catalog(Check(cache::OpenStore(store_url)));
   Check(layerctl::Push(built, catalog, cache::LayerRef{"bench", "1"}).status());
   LocalImage local(JoinPath(built.dir, layerctl::kMetaFile), JoinPath(built.dir, layerctl::kBlobFile),
@@ -605,9 +612,9 @@ int Run(int argc, char** argv) {
   const Figures& k = fig[&kernel];
   const Figures& u = fig[&fuse];
   const double mib = MiB(tree_bytes);
-  std::printf("layer: %s, %zu files, %.0f MiB of file data; image %.0f MiB (metadata %.1f MiB); chunk size %u KiB, %zu extents\n",
+  std::printf("layer: %s, %zu files, %.0f MiB of file data; image %.0f MiB (metadata %.1f MiB); chunk size %u KiB, group size %u KiB, %zu extents\n",
               rootfs.c_str(), files.size(), mib, MiB(built.manifest.meta_size + built.manifest.blob_size),
-              MiB(built.manifest.meta_size), chunk_size >> 10, built.manifest.extents.size());
+              MiB(built.manifest.meta_size), chunk_size >> 10, group_size >> 10, built.manifest.extents.size());
   const uint64_t stored = DirBytes(store_dir + "/chunks");
   std::printf("store: file:// on local disk, chunks zstd:1 (the default): %.0f MiB, %.2f of the tree's bytes (target <= 0.65);\n"
               "cold = fresh daemon, empty cache, store and image files dropped from the page cache\n",

@@ -7,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 #include <random>
+#include <set>
 #include <thread>
 
 #include "cache/catalog.h"
@@ -187,6 +188,59 @@ TEST_F(LayerTest, PushPullRoundTripAndDedup) {
     EXPECT_TRUE(want == got) << f;
   }
   ASSERT_OK_AND_ASSIGN(MountPoint mnt, MountLayer(dir_.Sub("pulled"), dir_.Sub("mnt")));
+  ExpectSameTree(src, mnt.target());
+}
+
+// Small files' chunks side by side share extents; where a group ends
+// depends on its members' names, so a changed small file renames its own
+// group (and at most the next), not the groups after it, and a mount reads
+// every file back.
+TEST_F(LayerTest, SmallFilesShareExtentsAndAChangeRenamesOnlyItsGroup) {
+  const std::string src = dir_.Sub("src");
+  ASSERT_OK(MakeDirs(src + "/small"));
+  std::mt19937 rng(7);
+  for (int i = 0; i < 400; ++i) {
+    ASSERT_OK(WriteFileAtomic(src + StrCat("/small/f", 1000 + i), RandomBytes(1 + rng() % 6000, i)));
+  }
+  ASSERT_OK(WriteFileAtomic(src + "/large", RandomBytes((2 << 20) + 5000, 1000)));
+  ASSERT_OK(WriteFileAtomic(src + "/medium", RandomBytes(70 << 10, 1001)));  // over half a group: alone
+  ASSERT_OK(RunChecked({.argv = {"touch", "-d", "2020-01-01", src + "/small"}}, "touch").status());
+
+  ASSERT_OK_AND_ASSIGN(BuiltLayer alone, BuildLayer({.source = src, .output_dir = dir_.Sub("alone"), .group_size = 0}));
+  EXPECT_EQ(alone.manifest.extents.size(), 400u + 3 + 1);  // the large file is 3 chunks
+  ASSERT_OK_AND_ASSIGN(BuiltLayer v1, Build(src, dir_.Sub("v1")));
+  const auto& extents = v1.manifest.extents;
+  EXPECT_LT(extents.size(), 120u);
+  EXPECT_GT(extents.size(), 4u + 400 / 64);
+  std::set<Digest128> v1_names;
+  ASSERT_OK_AND_ASSIGN(UniqueFd blob, OpenFile(v1.dir + "/" + kBlobFile, O_RDONLY));
+  for (const auto& e : extents) {
+    v1_names.insert(e.hash);
+    EXPECT_TRUE(e.length <= kDefaultGroupSize || e.length == 1u << 20) << e.length;
+    std::string bytes(e.length, '\0');
+    ASSERT_OK(PreadFull(blob.get(), bytes, e.offset).status());
+    EXPECT_EQ(HashBytes(bytes), e.hash);
+  }
+  // A chunk of half a group or more is never grouped: it keeps its name.
+  for (const auto& e : alone.manifest.extents) {
+    if (e.length >= kDefaultGroupSize / 2) {
+      EXPECT_TRUE(v1_names.count(e.hash)) << e.length;
+    }
+  }
+
+  // One small file in the middle changes and grows by a block or more, so
+  // every chunk after it moves (its directory's mtime stays).
+  ASSERT_OK(WriteFileAtomic(src + "/small/f1200", RandomBytes(9000, 5000)));
+  ASSERT_OK(RunChecked({.argv = {"touch", "-d", "2020-01-01", src + "/small"}}, "touch").status());
+  ASSERT_OK_AND_ASSIGN(BuiltLayer v2, Build(src, dir_.Sub("v2")));
+  std::set<Digest128> v2_names;
+  for (const auto& e : v2.manifest.extents) v2_names.insert(e.hash);
+  size_t renamed = 0;
+  for (const auto& e : extents) renamed += !v2_names.count(e.hash);
+  EXPECT_GE(renamed, 1u);
+  EXPECT_LE(renamed, 2u);
+
+  ASSERT_OK_AND_ASSIGN(MountPoint mnt, MountLayer(v2.dir, dir_.Sub("mnt")));
   ExpectSameTree(src, mnt.target());
 }
 
@@ -419,7 +473,8 @@ TEST_F(LayerTest, InspectFilesListsTheTreeThroughTheReaderWithoutMounting) {
   // The manifest and the metadata image; not one data chunk.
   EXPECT_EQ(store_->gets(), 2);
   ASSERT_EQ(got.size(), want.size());
-  int checked_extents = 0;
+  int checked_extents = 0, grouped = 0;
+  ASSERT_OK_AND_ASSIGN(UniqueFd blob, OpenFile(layer.dir + "/" + kBlobFile, O_RDONLY));
   for (const auto& [rel, w] : want) {
     SCOPED_TRACE(rel);
     ASSERT_TRUE(got.count(rel));
@@ -436,22 +491,31 @@ TEST_F(LayerTest, InspectFilesListsTheTreeThroughTheReaderWithoutMounting) {
     }
     if (!S_ISREG(w.mode)) continue;
     EXPECT_EQ(f.inode.size, w.size);
-    // The extents cover the file, and each stored one is the chunk the
-    // manifest names for those bytes of the source.
+    // The extents cover the file, and each stored one names the manifest
+    // extent holding those bytes of the source, and where in it: the
+    // extent's bytes (the blob's, from its offset) hash to its name.
     uint64_t covered = 0;
     ASSERT_OK_AND_ASSIGN(UniqueFd fd, OpenFile(src + "/" + rel, O_RDONLY));
     for (const auto& e : f.extents) {
       EXPECT_EQ(e.file_offset, covered);
       covered += e.length;
       if (!e.chunk) continue;
-      std::string bytes(e.length, '\0');
+      const cache::Extent* m = layer.manifest.FindExtent(e.blob_offset);
+      ASSERT_NE(m, nullptr);
+      EXPECT_EQ(*e.chunk, m->hash);
+      EXPECT_EQ(e.chunk_offset, e.blob_offset - m->offset);
+      std::string object(m->length, '\0'), bytes(e.length, '\0');
+      ASSERT_OK(PreadFull(blob.get(), object, m->offset).status());
+      EXPECT_EQ(m->hash, HashBytes(object));
       ASSERT_OK(PreadFull(fd.get(), bytes, e.file_offset).status());
-      EXPECT_EQ(*e.chunk, HashBytes(bytes));
+      EXPECT_EQ(object.substr(e.chunk_offset, e.length), bytes);
+      grouped += e.chunk_offset > 0;
       ++checked_extents;
     }
     EXPECT_EQ(covered, w.size);
   }
   EXPECT_GT(checked_extents, 10);
+  EXPECT_GT(grouped, 0);  // small files' chunks side by side share an extent
 
   // The command line: one line per path, or JSON.
   const std::string store = "file://" + dir_.Sub("store");
