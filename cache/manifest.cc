@@ -6,6 +6,7 @@
 #include <optional>
 #include <nlohmann/json.hpp>
 #include <type_traits>
+#include <unordered_set>
 #include <utility>
 
 #include "common/strings.h"
@@ -398,8 +399,13 @@ const Extent* Manifest::FindExtent(uint64_t offset) const {
 }
 
 uint64_t Manifest::StoredBytes() const {
+  // Each object once: a group of small chunks may hold the same bytes as a
+  // small file's extent elsewhere in the blob.
+  std::unordered_set<Digest128, Digest128Hash> seen;
   uint64_t total = meta_size;
-  for (const auto& e : extents) total += e.length;
+  for (const auto& e : extents) {
+    if (seen.insert(e.hash).second) total += e.length;
+  }
   return total;
 }
 

@@ -86,6 +86,10 @@ Status CheckBuildOptions(const BuildOptions& options) {
   if (options.chunk_size < 4096 || (options.chunk_size & (options.chunk_size - 1))) {
     return Error(EINVAL, StrCat("chunk size ", options.chunk_size, ": must be a power of two of at least 4096"));
   }
+  if (options.group_size != 0 && options.group_size < 8192) {
+    // A member is under half the group and takes a 4 KiB block at least.
+    return Error(EINVAL, StrCat("group size ", options.group_size, ": must be 0 (no groups) or at least 8K"));
+  }
   if (options.kind != cache::LayerKind::kDiff && !options.parents.empty()) {
     return Error(EINVAL, "only diff layers have parents");
   }

@@ -28,7 +28,8 @@ struct BuildOptions {
   std::vector<Digest128> parents;  // diffs: the stack below, bottom first
   uint32_t chunk_size = 1 << 20;
   // Small files' chunks side by side are grouped into extents of at most
-  // this many bytes; 0: one extent per chunk (ImageWriter::Options).
+  // this many bytes (and the chunk size); 0: one extent per chunk, else at
+  // least 8 KiB (ImageWriter::Options).
   uint32_t group_size = kDefaultGroupSize;
 };
 

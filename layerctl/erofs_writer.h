@@ -94,9 +94,9 @@ class ImageWriter {
     // its page size (4 KiB on x86-64); fsck.erofs 1.5 knows 4 KiB only.
     uint32_t block_size = 4096;
     uint32_t chunk_size = 1 << 20;  // a power of two, at least block_size
-    // Chunks under half this size that lie side by side in the blob are
-    // grouped into extents of at most this size (and the chunk size); 0:
-    // every chunk is its own extent. See GroupSmallChunks. (Layers are
+    // Chunks under half the group (this size or the chunk size, the
+    // smaller) that lie side by side in the blob are grouped into extents
+    // of at most the group's size; 0: every chunk is its own extent. See GroupSmallChunks. (Layers are
     // built with BuildOptions::group_size.)
     uint32_t group_size = 0;
     std::string blob_path;          // created or truncated now

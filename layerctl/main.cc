@@ -238,6 +238,7 @@ int main(int argc, char** argv) {
     if (!chunk.ok()) return Fail(chunk.status());
     auto group = ParseSize(group_text);
     if (!group.ok()) return Fail(group.status().Annotate("build: --group-size"));
+    if (*group > UINT32_MAX) return Fail(Error(EINVAL, StrCat("build: --group-size ", group_text, ": at most 4G")));
     std::optional<TempDir> tmp;
     if (out_dir.empty()) {
       auto t = TempDir::Create("strata-build");

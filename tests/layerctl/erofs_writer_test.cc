@@ -9,6 +9,7 @@
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "common/erofs_format.h"
@@ -479,6 +480,53 @@ TEST_F(ErofsWriterTest, LaterEntriesReplaceEarlierOnes) {
   }
   ASSERT_OK_AND_ASSIGN(std::string blob_bytes, ReadFileToString(blob()));
   EXPECT_EQ(blob_bytes.find(old_data.substr(0, 64)), std::string::npos);
+}
+
+// With a group size, small chunks side by side share an extent; a group
+// ends after a member whose name ends in four zero bits, and never spans
+// the zeroed chunk of a replaced file.
+TEST_F(ErofsWriterTest, SmallChunksAreGroupedUpToANameAndNeverAcrossAReplacedOne) {
+  auto w = ImageWriter::Create({.chunk_size = kMiB, .group_size = 128 << 10, .blob_path = blob()});
+  ASSERT_OK(w.status());
+  std::vector<std::string> data;
+  for (int i = 0; i < 48; ++i) {
+    data.push_back(RandomBytes(100 + (i * 977) % 3000, 100 + i));
+    ASSERT_OK(AddBytes(**w, StrCat("s", 100 + i), Attr(0644), data.back()));
+  }
+  const std::string replaced = RandomBytes(2000, 99);
+  ASSERT_OK(AddBytes(**w, "s120", Attr(0644), replaced));  // s120's first chunk is dead now
+  ImageSummary summary;
+  ASSERT_OK_AND_ASSIGN(auto checked, FinishAndCheck(**w, &summary));
+  EXPECT_EQ(checked.tree.at("s120").content_hash, ContentHash(replaced));
+  EXPECT_LT(summary.extents.size(), data.size() / 2);
+
+  ASSERT_OK_AND_ASSIGN(std::string blob_bytes, ReadFileToString(blob()));
+  auto where = [&](const std::string& d) { return blob_bytes.find(d); };
+  for (size_t i = 0; i < data.size(); ++i) {
+    if (i != 20) {
+      ASSERT_NE(where(data[i]), std::string::npos) << i;
+    }
+  }
+  EXPECT_EQ(where(data[20]), std::string::npos);  // zeroed
+  size_t groups = 0;
+  for (const auto& e : summary.extents) {
+    // The files whose data starts in this extent, in blob order.
+    std::vector<size_t> members;
+    for (size_t i = 0; i < data.size(); ++i) {
+      if (i == 20) continue;
+      const size_t at = where(data[i]);
+      if (at >= e.offset && at < e.offset + e.length) members.push_back(i);
+    }
+    ASSERT_FALSE(members.empty());
+    groups += members.size() > 1;
+    EXPECT_LE(e.length, 128u << 10);
+    for (size_t m = 0; m + 1 < members.size(); ++m) {
+      EXPECT_NE(HashBytes(data[members[m]]).low & 15, 0u) << "a group goes on past a member whose name ends it";
+    }
+    // s119 and s121 lay on either side of s120's dead chunk.
+    EXPECT_FALSE(std::count(members.begin(), members.end(), 19) && std::count(members.begin(), members.end(), 21));
+  }
+  EXPECT_GT(groups, 1u);
 }
 
 TEST_F(ErofsWriterTest, InlineAndPlainTails) {

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <thread>
@@ -28,6 +29,7 @@
 #include "common/subprocess.h"
 #include "common/unix_socket.h"
 #include "layerctl/builder.h"
+#include "layerctl/inspect.h"
 #include "layerctl/publish.h"
 #include "lazyfs/daemon.h"
 #include "packdiff/packdiff.h"
@@ -459,18 +461,28 @@ touch -d '2010-01-01 00:00:00' /chain
   EXPECT_EQ(squashed.parents, std::vector<Digest128>{base});
   ASSERT_TRUE(squashed.push);
   // Every file's data was there already. What is new is the metadata
-  // image, and the groups of small files' chunks that now lie side by side
-  // (layerctl::BuildOptions::group_size): no extent of a chunk of its own.
+  // image, and groups of small files' chunks that now lie side by side
+  // (layerctl::BuildOptions::group_size): each new extent holds two or more
+  // files' bytes, or one small chunk that was in a group of another layer.
   std::set<Digest128> before;
   for (const std::string ref : {"base:1", "chain1:1", "chain2:1", "chain3:1"}) {
     ASSERT_OK_AND_ASSIGN(Digest128 d, catalog_->Resolve(ref));
     ASSERT_OK_AND_ASSIGN(cache::Manifest m, catalog_->GetManifest(d));
     for (const auto& e : m.extents) before.insert(e.hash);
   }
+  std::map<Digest128, std::set<uint64_t>> starts;  // extent -> where files' bytes start in it
+  ASSERT_OK(layerctl::ListLayerFiles(*catalog_, squashed.digest, [&](const layerctl::FileEntry& f) {
+    for (const auto& e : f.extents) {
+      if (e.chunk) starts[*e.chunk].insert(e.chunk_offset);
+    }
+    return OkStatus();
+  }));
   uint64_t regrouped = 0;
   for (const auto& e : squashed.manifest.extents) {
     if (before.count(e.hash)) continue;
     EXPECT_LE(e.length, layerctl::kDefaultGroupSize);
+    EXPECT_TRUE(starts[e.hash].size() >= 2 || e.length < layerctl::kDefaultGroupSize / 2)
+        << "extent at " << e.offset << " of " << e.length << " bytes is neither a group nor small";
     regrouped += e.length;
   }
   EXPECT_EQ(squashed.push->bytes_uploaded, squashed.manifest.meta_size + regrouped);
