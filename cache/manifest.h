@@ -2,9 +2,10 @@
 //
 // A layer is an EROFS metadata image plus a data blob. The blob is cut into
 // extents, one per distinct file chunk or group of small chunks side by
-// side, each stored once under the XXH3-128 of its bytes. The manifest lists them with kind, name, parents and build
-// facts — no times, no host names — and the layer's digest is the XXH3-128
-// of the manifest's canonical JSON, so one tree always gives one digest.
+// side, each stored once under the XXH3-128 of its bytes. The manifest
+// lists them with kind, name, parents and build facts — no times, no host
+// names — and the layer's digest is the XXH3-128 of the manifest's
+// canonical JSON, so one tree always gives one digest.
 // docs/formats.md has the field-by-field description.
 #pragma once
 

@@ -694,8 +694,9 @@ Result<uint32_t> ImageWriter::StoreChunk(std::string_view path, uint64_t file_of
 // many small files is not as many store objects, fetches and cache files
 // (docs/formats.md, "The blob's extents"). A group takes chunks under half
 // the group size that follow each other with nothing between them but
-// their padding, and ends after a chunk whose name ends in four zero bits, or where the
-// next chunk would take it past the group size. Where a group ends thus
+// their padding, and ends after a chunk whose name ends in four zero bits,
+// or where the next chunk would take it past the group size (or is not
+// small, or does not follow directly). Where a group ends thus
 // depends on its members' names and sizes, not on their offsets: a changed
 // file renames its own group, and the groups after it up to the next one
 // that ended by a name (usually none or one: a group ends by size only
