@@ -138,7 +138,8 @@ int main(int argc, char** argv) {
 
   // build
   auto* build = app.add_subcommand("build", "build a layer from a directory or a tar archive (plain, gzip, zstd, xz, bzip2; - for stdin)");
-  std::string src, out_dir, kind_text = "base", name, chunk_text = "1M", group_text = "128K", tag_text;
+  std::string src, out_dir, kind_text = "base", name, chunk_text = "1M", tag_text;
+  std::string group_text = StrCat(layerctl::kDefaultGroupSize >> 10, "K");
   build->add_option("SRC", src, "directory or tar archive")->required();
   build->add_option("-o,--output", out_dir, "write meta.img, blob.img and manifest.json here");
   build->add_option("--kind", kind_text, "base, workspace, toolkit or diff")->capture_default_str();
