@@ -144,7 +144,16 @@ TEST_F(LazyfsTest, OneMountPerLayerSharedByUsersAndDroppedAfterTheGracePeriod) {
   DaemonOptions o = Options();
   o.grace = 3s;
   StartDaemon(o);
+  // The node's lease is in the store by the time the mount is answered,
+  // however slow the store takes it (it is written beside the load).
+  store_->SetPutDelay(300ms);
   ASSERT_OK_AND_ASSIGN(auto a, daemon_->MountAt("shared:1", store_url_, dir_.Sub("a"), false));
+  store_->SetPutDelay(0ms);
+  {
+    ASSERT_OK_AND_ASSIGN(auto leases, catalog_->ListLeases());
+    ASSERT_EQ(leases.size(), 1u);
+    EXPECT_EQ(leases[0].digest, a.digest);
+  }
   ASSERT_OK_AND_ASSIGN(auto b, daemon_->MountAt("shared:1", store_url_, dir_.Sub("b"), false));
   ASSERT_OK_AND_ASSIGN(auto c, daemon_->Acquire("shared:1", store_url_, "sandbox-1"));
   EXPECT_EQ(a.path, b.path);

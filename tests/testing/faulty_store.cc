@@ -54,6 +54,7 @@ Status FaultyStore::Put(std::string_view key, std::string_view data) {
     if (puts_left_.compare_exchange_weak(left, left - 1)) break;
   }
   ++puts_;
+  if (int64_t ns = put_delay_ns_.load()) std::this_thread::sleep_for(std::chrono::nanoseconds(ns));
   return inner_->Put(key, data);
 }
 

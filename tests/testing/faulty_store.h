@@ -24,6 +24,8 @@ class FaultyStore : public cache::ObjectStore {
   void SetDown(bool down) { down_ = down; }
   // Every read sleeps this long first.
   void SetDelay(Duration d) { delay_ns_ = d.count(); }
+  // Every put sleeps this long first.
+  void SetPutDelay(Duration d) { put_delay_ns_ = d.count(); }
   // Every read returns its bytes with one bit flipped while set.
   void SetCorrupt(bool corrupt) { corrupt_ = corrupt; }
   // After `n` more successful puts, every put fails with errno `code`;
@@ -57,6 +59,7 @@ class FaultyStore : public cache::ObjectStore {
   std::atomic<bool> down_{false};
   std::atomic<bool> corrupt_{false};
   std::atomic<int64_t> delay_ns_{0};
+  std::atomic<int64_t> put_delay_ns_{0};
   std::atomic<int> gets_{0};
   std::atomic<int> puts_{0};
   std::atomic<int> puts_left_{-1};
