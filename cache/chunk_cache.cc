@@ -285,11 +285,9 @@ Status ChunkCache::Reconcile(bool rebuilt) {
   {
     STRATA_ASSIGN_OR_RETURN(LmdbCursor cursor, LmdbCursor::Open(txn, chunks_db_));
     std::string_view k, v;
-    MDB_cursor_op op = MDB_FIRST;
     while (true) {
-      STRATA_ASSIGN_OR_RETURN(bool more, cursor.Step(op, &k, &v));
+      STRATA_ASSIGN_OR_RETURN(bool more, cursor.Next(&k, &v));
       if (!more) break;
-      op = MDB_NEXT;
       if (k.size() != 16) {
         stale.emplace_back(std::string(k), "");
         continue;
@@ -617,12 +615,10 @@ Status ChunkCache::EvictTo(uint64_t target_bytes) {
   {
     STRATA_ASSIGN_OR_RETURN(LmdbCursor cursor, LmdbCursor::Open(txn, lru_db_));
     std::string_view k, v;
-    MDB_cursor_op op = MDB_FIRST;
     uint64_t remaining = total;
     while (remaining > target_bytes) {
-      STRATA_ASSIGN_OR_RETURN(bool more, cursor.Step(op, &k, &v));
+      STRATA_ASSIGN_OR_RETURN(bool more, cursor.Next(&k, &v));
       if (!more) break;
-      op = MDB_NEXT;
       if (k.size() != 24) continue;
       Digest128 id = IdFromKey(k.substr(8));
       if (Pinned(id)) continue;
@@ -801,11 +797,9 @@ Result<VerifyReport> ChunkCache::Verify() {
     STRATA_ASSIGN_OR_RETURN(LmdbTxn txn, LmdbTxn::Begin(env_, true));
     STRATA_ASSIGN_OR_RETURN(LmdbCursor cursor, LmdbCursor::Open(txn, chunks_db_));
     std::string_view k, v;
-    MDB_cursor_op op = MDB_FIRST;
     while (true) {
-      STRATA_ASSIGN_OR_RETURN(bool more, cursor.Step(op, &k, &v));
+      STRATA_ASSIGN_OR_RETURN(bool more, cursor.Next(&k, &v));
       if (!more) break;
-      op = MDB_NEXT;
       if (k.size() == 16) entries.emplace_back(IdFromKey(k), ReadU64(v, 0));
     }
   }

@@ -107,9 +107,9 @@ LmdbCursor::~LmdbCursor() {
   if (cursor_) mdb_cursor_close(cursor_);
 }
 
-Result<bool> LmdbCursor::Step(MDB_cursor_op op, std::string_view* key, std::string_view* value) {
+Result<bool> LmdbCursor::Next(std::string_view* key, std::string_view* value) {
   MDB_val k, v;
-  int rc = mdb_cursor_get(cursor_, &k, &v, op);
+  int rc = mdb_cursor_get(cursor_, &k, &v, MDB_NEXT);
   if (rc == MDB_NOTFOUND) return false;
   if (rc != 0) return LmdbError(rc, "LMDB cursor");
   *key = FromVal(k);

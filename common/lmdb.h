@@ -81,9 +81,9 @@ class LmdbCursor {
   LmdbCursor& operator=(LmdbCursor&&) = delete;
   ~LmdbCursor();
 
-  // Positions at the first entry (MDB_FIRST) or moves on (MDB_NEXT);
-  // returns false at the end.
-  Result<bool> Step(MDB_cursor_op op, std::string_view* key, std::string_view* value);
+  // The next entry in key order, the first on the first call (LMDB's
+  // MDB_NEXT on a cursor not yet placed); false at the end.
+  Result<bool> Next(std::string_view* key, std::string_view* value);
 
  private:
   explicit LmdbCursor(MDB_cursor* c) : cursor_(c) {}

@@ -270,11 +270,9 @@ Status SandboxManager::OpenBootRegistry(const std::string& state_dir) {
     STRATA_ASSIGN_OR_RETURN(LmdbTxn txn, LmdbTxn::Begin(lasting_env_, true));
     STRATA_ASSIGN_OR_RETURN(LmdbCursor cursor, LmdbCursor::Open(txn, lasting_db_));
     std::string_view k, v;
-    MDB_cursor_op op = MDB_FIRST;
     while (true) {
-      STRATA_ASSIGN_OR_RETURN(bool more, cursor.Step(op, &k, &v));
+      STRATA_ASSIGN_OR_RETURN(bool more, cursor.Next(&k, &v));
       if (!more) break;
-      op = MDB_NEXT;
       if (!k.starts_with("warm:")) moving.emplace_back(std::string(k), std::string(v));
     }
   }
@@ -311,11 +309,9 @@ Status SandboxManager::Recover() {
     STRATA_ASSIGN_OR_RETURN(LmdbTxn txn, LmdbTxn::Begin(*env, true));
     STRATA_ASSIGN_OR_RETURN(LmdbCursor cursor, LmdbCursor::Open(txn, db));
     std::string_view k, v;
-    MDB_cursor_op op = MDB_FIRST;
     while (true) {
-      STRATA_ASSIGN_OR_RETURN(bool more, cursor.Step(op, &k, &v));
+      STRATA_ASSIGN_OR_RETURN(bool more, cursor.Next(&k, &v));
       if (!more) break;
-      op = MDB_NEXT;
       records.emplace_back(std::string(k), json::parse(v, nullptr, false));
     }
   }

@@ -134,11 +134,9 @@ void IdempotencyKeys::Expire() {
     auto cursor = LmdbCursor::Open(*txn, db_);
     if (!cursor.ok()) return;
     std::string_view k, v;
-    MDB_cursor_op op = MDB_FIRST;
     while (true) {
-      auto more = cursor->Step(op, &k, &v);
+      auto more = cursor->Next(&k, &v);
       if (!more.ok() || !*more) break;
-      op = MDB_NEXT;
       json record = json::parse(v, nullptr, false);
       if (held_.count(std::string(k))) continue;
       if (!record.is_object() || record.value("at", int64_t{0}) < cutoff) old.emplace_back(k);

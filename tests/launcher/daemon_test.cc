@@ -303,8 +303,8 @@ TEST_F(DaemonTest, TheRegistryOfAnEarlierBootIsRemovedAndAnOlderDaemonsRecordsMo
     ASSERT_OK_AND_ASSIGN(MDB_dbi db, txn.OpenDb("sandboxes", 0));
     ASSERT_OK_AND_ASSIGN(LmdbCursor cursor, LmdbCursor::Open(txn, db));
     std::string_view k, v;
-    for (MDB_cursor_op op = MDB_FIRST;; op = MDB_NEXT) {
-      ASSERT_OK_AND_ASSIGN(bool more, cursor.Step(op, &k, &v));
+    for (;;) {
+      ASSERT_OK_AND_ASSIGN(bool more, cursor.Next(&k, &v));
       if (!more) break;
       records.emplace_back(k, v);
     }
@@ -354,8 +354,8 @@ TEST_F(DaemonTest, TheRegistryOfAnEarlierBootIsRemovedAndAnOlderDaemonsRecordsMo
     ASSERT_OK_AND_ASSIGN(LmdbCursor cursor, LmdbCursor::Open(txn, db));
     std::vector<std::string> keys;
     std::string_view k, v;
-    for (MDB_cursor_op op = MDB_FIRST;; op = MDB_NEXT) {
-      ASSERT_OK_AND_ASSIGN(bool more, cursor.Step(op, &k, &v));
+    for (;;) {
+      ASSERT_OK_AND_ASSIGN(bool more, cursor.Next(&k, &v));
       if (!more) break;
       keys.emplace_back(k);
     }
