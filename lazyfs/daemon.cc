@@ -455,60 +455,83 @@ Status Daemon::Load(LayerEntry& entry, const LayerKey& key) {
   // recorded access list, fetched with the manifest; and the node's lease
   // on the layer, written once the manifest shows the layer exists. Both
   // are in before the mount is answered. (async|deferred: where no thread
-  // can be made, each runs when its result is asked for.)
+  // can be made, each runs when its result is asked for. The functions are
+  // passed as lvalues: libstdc++ builds that fallback from the same
+  // argument, which an rvalue would have left moved from.)
   constexpr auto kBeside = std::launch::async | std::launch::deferred;
-  auto access = std::async(kBeside, [catalog = entry.catalog, digest] { return catalog->GetAccessList(digest); });
+  const auto get_access = [catalog = entry.catalog, digest] { return catalog->GetAccessList(digest); };
+  auto access = std::async(kBeside, get_access);
   std::string text;
   STRATA_ASSIGN_OR_RETURN(cache::Manifest manifest, entry.catalog->GetManifest(digest, &text));
   const cache::Lease lease{options_.node.empty() ? HostName() : options_.node, digest,
                            static_cast<int64_t>(::time(nullptr)) +
                                std::chrono::duration_cast<std::chrono::seconds>(options_.lease_ttl).count()};
-  auto leased = std::async(kBeside, [catalog = entry.catalog, lease] { return catalog->PutLease(lease); });
-  // A successor takes the layer over without asking the store. (The text as
-  // stored, canonical and checked: serializing it again took 30 ms of a
-  // 100 ms cold mount of a 10,000-extent layer.)
-  STRATA_RETURN_IF_ERROR(WriteFileAtomic(ManifestPath(digest), text, /*durable=*/false, 0600));
-  STRATA_ASSIGN_OR_RETURN(auto layer, MakeLayer(key, std::move(manifest), entry.catalog, /*reuse=*/false));
-  if (mode == MountMode::kFuse) {
-    entry.path = StrCat(state_dir_, "/trees/", digest.Hex());
-    auto tree = TreeFs::Mount(layer, entry.path);
-    if (!tree.ok()) {
-      ::rmdir(entry.path.c_str());
-      layer->record().Remove();
-      return tree.status();
+  const auto put_lease = [catalog = entry.catalog, lease] { return catalog->PutLease(lease); };
+  auto leased = std::async(kBeside, put_lease);
+
+  auto serve = [&]() -> Status {
+    // A successor takes the layer over without asking the store. (The text
+    // as stored, canonical and checked: serializing it again took 30 ms of a
+    // 100 ms cold mount of a 10,000-extent layer.)
+    STRATA_RETURN_IF_ERROR(WriteFileAtomic(ManifestPath(digest), text, /*durable=*/false, 0600));
+    STRATA_ASSIGN_OR_RETURN(auto layer, MakeLayer(key, std::move(manifest), entry.catalog, /*reuse=*/false));
+    if (mode == MountMode::kFuse) {
+      entry.path = StrCat(state_dir_, "/trees/", digest.Hex());
+      auto tree = TreeFs::Mount(layer, entry.path);
+      if (!tree.ok()) {
+        ::rmdir(entry.path.c_str());
+        layer->record().Remove();
+        return tree.status();
+      }
+      entry.tree = std::move(*tree);
+      KeepFuse(TreeName(digest), entry.tree->fuse());
+    } else {
+      Status s = fs_->Add(layer);
+      entry.path = StrCat(state_dir_, "/layers/", digest.Hex());
+      if (s.ok()) s = MakeDirs(entry.path, 0755);
+      std::string data = "device=" + fs_->BlobPath(digest);
+      if (options_.erofs_directio) data += ",directio";
+      auto mount = s.ok() ? MountPoint::Mount(fs_->MetaPath(digest), entry.path, "erofs", MS_RDONLY, data)
+                          : Result<MountPoint>(s);
+      if (!mount.ok()) {
+        fs_->Remove(digest);
+        ::rmdir(entry.path.c_str());
+        layer->record().Remove();
+        return mount.status().Annotate(StrCat("mount layer ", digest.Hex()));
+      }
+      entry.erofs = std::move(*mount);
     }
-    entry.tree = std::move(*tree);
-    KeepFuse(TreeName(digest), entry.tree->fuse());
-  } else {
-    Status s = fs_->Add(layer);
-    entry.path = StrCat(state_dir_, "/layers/", digest.Hex());
-    if (s.ok()) s = MakeDirs(entry.path, 0755);
-    std::string data = "device=" + fs_->BlobPath(digest);
-    if (options_.erofs_directio) data += ",directio";
-    auto mount = s.ok() ? MountPoint::Mount(fs_->MetaPath(digest), entry.path, "erofs", MS_RDONLY, data)
-                        : Result<MountPoint>(s);
-    if (!mount.ok()) {
-      fs_->Remove(digest);
-      ::rmdir(entry.path.c_str());
-      layer->record().Remove();
-      return mount.status().Annotate(StrCat("mount layer ", digest.Hex()));
-    }
-    entry.erofs = std::move(*mount);
+    entry.layer = layer;
+    return OkStatus();
+  };
+  Status served = serve();
+  Status put = leased.get();
+  if (!served.ok()) {
+    if (put.ok()) DropLease(entry, key);  // as an unload would: this node does not hold the layer
+    return served;
   }
-  entry.layer = layer;
+  if (!put.ok()) STRATA_LOG(kWarn) << "lazyfs: lease on layer " << digest.Hex() << ": " << put.ToString();
   // Prefetch what earlier runs read, in their order, in the background.
   if (auto list = access.get(); list.ok()) {
-    layer->Prefetch(*list);
+    entry.layer->Prefetch(*list);
   } else if (list.status().code() != ENOENT) {
     STRATA_LOG(kWarn) << "lazyfs: layer " << digest.Hex() << ": access list: " << list.status().ToString();
-  }
-  if (Status put = leased.get(); !put.ok()) {
-    STRATA_LOG(kWarn) << "lazyfs: lease on layer " << digest.Hex() << ": " << put.ToString();
   }
   const auto took = std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - start);
   STRATA_LOG(kInfo) << "lazyfs: mounted layer " << digest.Hex() << " (" << MountModeName(mode) << " mode) at "
                     << entry.path << " in " << took.count() / 1000.0 << " ms";
   return OkStatus();
+}
+
+void Daemon::DropLease(LayerEntry& entry, const LayerKey& key) {
+  const auto& [digest, mode] = key;
+  // The lease covers the digest: keep it while the other mode serves it.
+  {
+    std::lock_guard lock(mu_);
+    if (layers_.count({digest, mode == MountMode::kFuse ? MountMode::kKernel : MountMode::kFuse})) return;
+  }
+  Status s = entry.catalog->DropLease(options_.node.empty() ? HostName() : options_.node, digest);
+  if (!s.ok()) STRATA_LOG(kWarn) << "lazyfs: drop lease on layer " << digest.Hex() << ": " << s.ToString();
 }
 
 Result<std::string> Daemon::IdmappedView(LayerEntry& entry, const Digest128& digest, const IdMapping& idmap) {
@@ -550,17 +573,7 @@ void Daemon::Unload(LayerEntry& entry, const LayerKey& key) {
     fs_->Remove(digest);
   }
   ::rmdir(entry.path.c_str());
-  // The lease covers the digest: keep it while the other mode serves it.
-  bool other_mode_loaded = false;
-  {
-    std::lock_guard lock(mu_);
-    auto other = layers_.find({digest, mode == MountMode::kFuse ? MountMode::kKernel : MountMode::kFuse});
-    other_mode_loaded = other != layers_.end();
-  }
-  if (!other_mode_loaded) {
-    Status lease = entry.catalog->DropLease(options_.node.empty() ? HostName() : options_.node, digest);
-    if (!lease.ok()) STRATA_LOG(kWarn) << "lazyfs: drop lease on layer " << digest.Hex() << ": " << lease.ToString();
-  }
+  DropLease(entry, key);
   entry.layer->record().Remove();
   entry.layer.reset();
   STRATA_LOG(kInfo) << "lazyfs: unmounted layer " << digest.Hex() << " (" << MountModeName(mode) << " mode)";

@@ -171,6 +171,8 @@ class Daemon {
   Status Load(LayerEntry& entry, const LayerKey& key);
   Result<std::string> IdmappedView(LayerEntry& entry, const Digest128& digest, const IdMapping& idmap);
   void Unload(LayerEntry& entry, const LayerKey& key);
+  // Drops the node's lease on the layer, unless its other mode is loaded.
+  void DropLease(LayerEntry& entry, const LayerKey& key);
   void Maintain();
 
   const DaemonOptions options_;

@@ -177,6 +177,24 @@ TEST_F(LazyfsTest, OneMountPerLayerSharedByUsersAndDroppedAfterTheGracePeriod) {
   EXPECT_TRUE(leases.empty());
 }
 
+// The lease is written beside the load: a load that fails after it (here
+// the metadata image is missing from the store) takes it back.
+TEST_F(LazyfsTest, AMountThatFailsLeavesNoLeaseAndNoMount) {
+  std::string src = dir_.Sub("src");
+  ASSERT_OK(MakeDirs(src));
+  ASSERT_OK(WriteFileAtomic(src + "/f", "broken"));
+  layerctl::BuiltLayer layer = Publish(src, "broken");
+  ASSERT_OK(inner_->Delete(cache::ChunkKey(layer.manifest.meta_hash)));
+  StartDaemon(Options());
+  auto mounted = daemon_->MountAt("broken:1", store_url_, dir_.Sub("mnt"), false);
+  ASSERT_FALSE(mounted.ok());
+  EXPECT_NE(mounted.status().ToString().find("metadata image"), std::string::npos) << mounted.status().ToString();
+  EXPECT_FALSE(IsMountPoint(dir_.Sub("mnt")));
+  ASSERT_OK_AND_ASSIGN(auto leases, catalog_->ListLeases());
+  EXPECT_TRUE(leases.empty());
+  EXPECT_EQ(daemon_->Stats("")["layers"].size(), 0u);
+}
+
 TEST_F(LazyfsTest, RecordedAccessListIsPrefetchedAtTheNextMount) {
   std::string src = dir_.Sub("src");
   ASSERT_OK(MakeDirs(src));
