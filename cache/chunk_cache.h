@@ -72,6 +72,7 @@ struct ChunkCacheStats {
   uint64_t evictions = 0;
   uint64_t bytes_evicted = 0;
   uint64_t prefetches = 0;      // Prefetch calls that started a fetch
+  uint64_t disk_readaheads = 0;  // Prefetch calls that read a cached chunk's file ahead
 };
 
 // Totals of the directory, shared by every process using it.
@@ -129,7 +130,8 @@ class ChunkCache {
   // Get + Handle::Read.
   Result<size_t> Read(const Digest128& id, const std::shared_ptr<ObjectStore>& store, uint64_t offset,
                       std::span<char> out);
-  // Fetches the chunk in the background unless it is cached or on its way;
+  // Fetches the chunk in the background unless it is cached or on its way
+  // (cached on disk: starts reading its file into memory instead);
   // background fetches never take the workers a waiting Get needs. `done`,
   // when given, runs once the fetch has ended (in a fetch worker, with no
   // lock held) with the bytes it moved (0 when it failed), and only if this

@@ -766,7 +766,8 @@ json Daemon::Stats(const std::string& mountpoint_filter) {
                      {"fetch_errors", cs.fetch_errors},
                      {"corrupt", cs.corrupt},
                      {"timeouts", cs.timeouts},
-                     {"evictions", cs.evictions}};
+                     {"evictions", cs.evictions},
+                     {"disk_readaheads", cs.disk_readaheads}};
   return result;
 }
 

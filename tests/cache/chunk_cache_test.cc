@@ -314,6 +314,41 @@ TEST_F(ChunkCacheTest, ServedChunksLeaveThePageCacheOnceIdle) {
   EXPECT_EQ(cache->stats().fetches, 2u);
 }
 
+TEST_F(ChunkCacheTest, APrefetchOfAChunkOnDiskReadsItsFileIntoMemory) {
+  std::string data = RandomBytes(1 << 20, 14);
+  Digest128 id = PutChunk(data);
+  Digest128 absent = PutChunk(RandomBytes(1 << 16, 15));
+  {
+    auto writer = OpenCache();
+    EXPECT_EQ(ReadAll(*writer, id), data);
+    writer->WaitForFetches();
+  }
+  // The node's cache holds the chunk, its file out of memory (as after a
+  // restart, or once served: ServedChunksLeaveThePageCacheOnceIdle).
+  const std::string path = StrCat(cache_dir_.path(), "/data/", id.Hex().substr(0, 2), "/", id.Hex());
+  if (CachedBytes(path) == -1) GTEST_SKIP() << "no cachestat(2) on this kernel";
+  {
+    UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+    ASSERT_TRUE(fd);
+    ASSERT_EQ(::fdatasync(fd.get()), 0);
+    ASSERT_EQ(::posix_fadvise(fd.get(), 0, 0, POSIX_FADV_DONTNEED), 0);
+  }
+  ASSERT_EQ(CachedBytes(path), 0);
+  auto cache = OpenCache();
+  EXPECT_FALSE(cache->Prefetch(id, store_, data.size()));  // nothing to fetch
+  for (int i = 0; i < 100 && CachedBytes(path) < static_cast<int64_t>(data.size()); ++i) {
+    std::this_thread::sleep_for(50ms);
+  }
+  EXPECT_EQ(CachedBytes(path), static_cast<int64_t>(data.size()));
+  EXPECT_EQ(cache->stats().disk_readaheads, 1u);
+  // A chunk the node does not hold is fetched, as before.
+  EXPECT_TRUE(cache->Prefetch(absent, store_));
+  cache->WaitForFetches();
+  EXPECT_EQ(cache->stats().fetches, 1u);
+  EXPECT_EQ(cache->stats().disk_readaheads, 1u);
+  EXPECT_EQ(ReadAll(*cache, id), data);
+}
+
 TEST_F(ChunkCacheTest, AllWaitersGetTheSameErrorAndTheNextReadRetries) {
   std::string data = RandomBytes(50000, 5);
   Digest128 id = PutChunk(data);
