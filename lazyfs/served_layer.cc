@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstring>
 #include <new>
+#include <vector>
 
 #include "common/strings.h"
 
@@ -137,34 +138,51 @@ void ServedLayer::NoteFetched(uint64_t stored_bytes, size_t index) {
 
 void ServedLayer::FetchDone(uint64_t stored_bytes, size_t index, bool list) {
   NoteFetched(stored_bytes, index);
-  std::lock_guard lock(ra_mu_);
-  if (list) {
-    --list_running_;
-    if (stored_bytes) record_->Add(LayerRecord::kListFetches, 1);
-  } else {
-    --ra_running_;
-    if (stored_bytes) record_->Add(LayerRecord::kReadaheadFetches, 1);
+  std::vector<size_t> picks;
+  {
+    std::lock_guard lock(ra_mu_);
+    if (list) {
+      --list_running_;
+      if (stored_bytes) record_->Add(LayerRecord::kListFetches, 1);
+    } else {
+      --ra_running_;
+      if (stored_bytes) record_->Add(LayerRecord::kReadaheadFetches, 1);
+    }
+    picks = PickLocked();
+    ra_cv_.notify_all();
   }
-  TopUpLocked();
-  ra_cv_.notify_all();
+  StartReadAhead(std::move(picks));
 }
 
 void ServedLayer::Prefetch(const std::vector<uint32_t>& list) {
   std::weak_ptr<ServedLayer> weak = weak_from_this();
+  std::vector<uint32_t> valid;
   for (uint32_t i : list) {
-    if (i >= manifest_.extents.size()) continue;
-    const cache::Extent& e = manifest_.extents[i];
+    if (i < manifest_.extents.size()) valid.push_back(i);
+  }
+  // Counted before they are asked for: a fetch may end (FetchDone) before
+  // Prefetch returns. Readahead waits meanwhile, as it does for the list.
+  {
     std::lock_guard lock(ra_mu_);
-    if (cache_.Prefetch(e.hash, store_, e.length, [weak, i](uint64_t bytes) {
+    list_running_ += valid.size();
+  }
+  size_t not_started = 0;
+  for (uint32_t i : valid) {
+    const cache::Extent& e = manifest_.extents[i];
+    if (!cache_.Prefetch(e.hash, store_, e.length, [weak, i](uint64_t bytes) {
           if (auto self = weak.lock()) self->FetchDone(bytes, i, /*list=*/true);
         })) {
-      ++list_running_;
+      ++not_started;
     }
   }
+  std::lock_guard lock(ra_mu_);
+  list_running_ -= not_started;
+  ra_cv_.notify_all();
 }
 
 void ServedLayer::ReadAhead(size_t first, size_t last) {
-  std::lock_guard lock(ra_mu_);
+  std::vector<size_t> picks;
+  std::unique_lock lock(ra_mu_);
   const uint64_t now = NowMs();
   Stream* stream = nullptr;
   for (auto& s : streams_) {
@@ -221,30 +239,50 @@ void ServedLayer::ReadAhead(size_t first, size_t last) {
     }
     *stream = Stream{last + 1, 0, last + 1, now, 0, 0};
   }
-  TopUpLocked();
+  picks = PickLocked();
+  lock.unlock();
+  StartReadAhead(std::move(picks));
 }
 
-void ServedLayer::TopUpLocked() {
-  if (list_running_ > 0) return;
+std::vector<size_t> ServedLayer::PickLocked() {
+  std::vector<size_t> picks;
+  if (list_running_ > 0) return picks;
   const auto& extents = manifest_.extents;
   const uint64_t now = NowMs();
   const uint64_t idle_ms = std::chrono::duration_cast<std::chrono::milliseconds>(kStreamIdle).count();
-  std::weak_ptr<ServedLayer> weak = weak_from_this();
   for (auto& s : streams_) {
-    if (ra_running_ >= kLayerRunning) return;
+    if (ra_running_ >= kLayerRunning) break;
     if (s.window == 0 || s.next >= extents.size() || now - s.used > idle_ms) continue;
     const size_t end = std::min(extents.size(), s.next + s.window);
     const uint64_t limit = extents[s.next].offset + kMaxAhead;
     size_t i = std::max(s.issued, s.next);
     for (; i < end && ra_running_ < kLayerRunning && extents[i].offset < limit; ++i) {
       if (record_->Touched(static_cast<uint32_t>(i))) continue;  // read already: cached
-      if (cache_.Prefetch(extents[i].hash, store_, extents[i].length, [weak, i](uint64_t bytes) {
-            if (auto self = weak.lock()) self->FetchDone(bytes, i, /*list=*/false);
-          })) {
-        ++ra_running_;
-      }
+      picks.push_back(i);
+      ++ra_running_;
     }
     s.issued = i;
+  }
+  return picks;
+}
+
+void ServedLayer::StartReadAhead(std::vector<size_t> picks) {
+  const auto& extents = manifest_.extents;
+  std::weak_ptr<ServedLayer> weak = weak_from_this();
+  while (!picks.empty()) {
+    size_t not_started = 0;
+    for (size_t i : picks) {
+      if (!cache_.Prefetch(extents[i].hash, store_, extents[i].length, [weak, i](uint64_t bytes) {
+            if (auto self = weak.lock()) self->FetchDone(bytes, i, /*list=*/false);
+          })) {
+        ++not_started;
+      }
+    }
+    std::lock_guard lock(ra_mu_);
+    ra_running_ -= not_started;
+    ra_cv_.notify_all();
+    // The slots given back go to the windows' next extents.
+    picks = not_started ? PickLocked() : std::vector<size_t>{};
   }
 }
 

@@ -91,8 +91,14 @@ class ServedLayer : public std::enable_shared_from_this<ServedLayer> {
   void NoteFetched(uint64_t stored_bytes, size_t index);
   // Readahead for a read that touched extents [first, last].
   void ReadAhead(size_t first, size_t last);
-  // Starts what the live streams' windows allow; ra_mu_ held.
-  void TopUpLocked();
+  // What the live streams' windows allow, ra_mu_ held: the extents to ask
+  // the cache for, each already counted in ra_running_.
+  std::vector<size_t> PickLocked();
+  // Asks the cache for picked extents with ra_mu_ released (a request may
+  // open files, submit disk reads or wait for a worker: readers must not
+  // queue behind it for the stream bookkeeping); a pick the cache did not
+  // start (cached, or on its way) gives its slot back for the next picks.
+  void StartReadAhead(std::vector<size_t> picks);
   void FetchDone(uint64_t stored_bytes, size_t index, bool list);
 
   struct Stream {
@@ -115,8 +121,8 @@ class ServedLayer : public std::enable_shared_from_this<ServedLayer> {
   std::mutex ra_mu_;                      // guards the readahead state below
   std::condition_variable ra_cv_;
   std::vector<Stream> streams_;
-  size_t ra_running_ = 0;                 // readahead fetches started, not ended
-  size_t list_running_ = 0;               // access-list fetches started, not ended
+  size_t ra_running_ = 0;                 // readahead fetches picked or started, not ended
+  size_t list_running_ = 0;               // access-list fetches asked for or started, not ended
 };
 
 }  // namespace strata::lazyfs
