@@ -51,6 +51,16 @@ struct ChunkCache::Flight {
 
 namespace {
 
+// posix_fadvise(WILLNEED) over a whole file. The kernel reads at most the
+// larger of the disk's largest request and its readahead window per call
+// (often 128-512 KiB), so a chunk of up to 1 MiB is asked for in pieces.
+void ReadFileAhead(int fd) {
+  struct stat st;
+  if (::fstat(fd, &st) != 0) return;
+  constexpr off_t kPiece = 128 << 10;
+  for (off_t off = 0; off < st.st_size; off += kPiece) ::posix_fadvise(fd, off, kPiece, POSIX_FADV_WILLNEED);
+}
+
 constexpr const char* kBytesKey = "bytes";
 constexpr const char* kBootKey = "boot_id";
 constexpr const char* kSyncedKey = "synced_at";
@@ -747,16 +757,26 @@ Result<size_t> ChunkCache::Read(const Digest128& id, const std::shared_ptr<Objec
 }
 
 bool ChunkCache::Prefetch(const Digest128& id, const std::shared_ptr<ObjectStore>& store, uint64_t size,
-                          FetchDone done) {
+                          FetchDone done, std::vector<Digest128>* on_disk) {
+  std::shared_ptr<OpenChunk> open;
   {
     std::lock_guard lock(mu_);
-    if (closing_ || open_.count(id) || inflight_.count(id)) return false;
+    if (closing_ || inflight_.count(id)) return false;
+    if (auto it = open_.find(id); it != open_.end()) open = it->second;
   }
   // Cached on disk: nothing to fetch, but a reader is on its way (a walk's
   // readahead, an access list), so the file is read into memory ahead of it
-  // rather than a read at a time when each request comes.
-  if (UniqueFd fd(::open(DataPath(id).c_str(), O_RDONLY | O_CLOEXEC)); fd) {
-    ::posix_fadvise(fd.get(), 0, 0, POSIX_FADV_WILLNEED);
+  // rather than a read at a time when each request comes. (A chunk open
+  // here too: its pages were dropped once it was served, DropWhenIdle.)
+  if (open && !open->on_disk.load(std::memory_order_acquire)) return false;  // its bytes are in memory
+  UniqueFd opened;
+  if (!open) opened = UniqueFd(::open(DataPath(id).c_str(), O_RDONLY | O_CLOEXEC));
+  if (open || opened) {
+    if (on_disk) {
+      on_disk->push_back(id);
+      return false;
+    }
+    ReadFileAhead(open ? open->fd.get() : opened.get());
     std::lock_guard lock(mu_);
     ++stats_.disk_readaheads;
     return false;
@@ -764,6 +784,34 @@ bool ChunkCache::Prefetch(const Digest128& id, const std::shared_ptr<ObjectStore
   bool leader = false;
   StartFetch(id, store, size, /*background=*/true, &leader, std::move(done));
   return leader;
+}
+
+void ChunkCache::ReadAhead(std::vector<Digest128> ids) {
+  if (ids.empty()) return;
+  {
+    std::lock_guard lock(mu_);
+    if (closing_) return;
+    ++jobs_;
+    stats_.disk_readaheads += ids.size();
+  }
+  pool_->Submit(
+      [this, ids = std::move(ids)] {
+        for (const Digest128& id : ids) {
+          std::shared_ptr<OpenChunk> open;
+          {
+            std::lock_guard lock(mu_);
+            if (auto it = open_.find(id); it != open_.end()) open = it->second;
+          }
+          if (open && open->on_disk.load(std::memory_order_acquire)) {
+            ReadFileAhead(open->fd.get());
+          } else if (UniqueFd fd(open ? -1 : ::open(DataPath(id).c_str(), O_RDONLY | O_CLOEXEC)); fd) {
+            ReadFileAhead(fd.get());  // (evicted meanwhile: nothing to read)
+          }
+        }
+        std::lock_guard lock(mu_);
+        if (--jobs_ == 0) idle_cv_.notify_all();
+      },
+      ThreadPool::Priority::kBackground);
 }
 
 bool ChunkCache::Contains(const Digest128& id) {

@@ -72,7 +72,7 @@ struct ChunkCacheStats {
   uint64_t evictions = 0;
   uint64_t bytes_evicted = 0;
   uint64_t prefetches = 0;      // Prefetch calls that started a fetch
-  uint64_t disk_readaheads = 0;  // Prefetch calls that read a cached chunk's file ahead
+  uint64_t disk_readaheads = 0;  // chunks on disk whose files Prefetch or ReadAhead read ahead
 };
 
 // Totals of the directory, shared by every process using it.
@@ -130,15 +130,21 @@ class ChunkCache {
   // Get + Handle::Read.
   Result<size_t> Read(const Digest128& id, const std::shared_ptr<ObjectStore>& store, uint64_t offset,
                       std::span<char> out);
-  // Fetches the chunk in the background unless it is cached or on its way
-  // (cached on disk: starts reading its file into memory instead);
-  // background fetches never take the workers a waiting Get needs. `done`,
+  // Fetches the chunk in the background unless it is cached or on its way;
+  // background fetches never take the workers a waiting Get needs. A chunk
+  // cached on disk has its file read into memory ahead instead
+  // (posix_fadvise(WILLNEED), which may wait while the disk's queue is
+  // full), or, with `on_disk`, is added to it for ReadAhead. `done`,
   // when given, runs once the fetch has ended (in a fetch worker, with no
   // lock held) with the bytes it moved (0 when it failed), and only if this
   // call started it; returns whether it did.
   using FetchDone = std::function<void(uint64_t fetched_bytes)>;
   bool Prefetch(const Digest128& id, const std::shared_ptr<ObjectStore>& store, uint64_t size = 0,
-                FetchDone done = nullptr);
+                FetchDone done = nullptr, std::vector<Digest128>* on_disk = nullptr);
+  // Reads the files of chunks cached on disk into memory, in this order, on
+  // one background worker: for a long list whose caller (a mount) must not
+  // wait for the disk.
+  void ReadAhead(std::vector<Digest128> ids);
   bool Contains(const Digest128& id);
   // The caller has handed the chunk's bytes to a reader that caches them
   // itself (lazyfs: EROFS's or FUSE's page cache): once nobody has read it
@@ -156,9 +162,9 @@ class ChunkCache {
   Result<VerifyReport> Verify();
   // Writes pending last-use times to the index.
   Status Flush();
-  // Blocks until no fetch (nor the cache write and eviction that follow one)
-  // runs in this process: for orderly shutdown and for tests that inspect
-  // the directory.
+  // Blocks until no fetch (nor the cache write and eviction that follow one,
+  // nor a disk readahead) runs in this process: for orderly shutdown and for
+  // tests that inspect the directory.
   void WaitForFetches();
 
   const ChunkCacheOptions& options() const { return options_; }
@@ -201,7 +207,7 @@ class ChunkCache {
 
   bool closing_ = false;   // guarded by mu_: the destructor has begun
   ChunkCacheStats stats_;  // guarded by mu_
-  size_t jobs_ = 0;        // fetch jobs queued or running; guarded by mu_
+  size_t jobs_ = 0;        // fetch and disk readahead jobs queued or running; guarded by mu_
   std::condition_variable idle_cv_;
 
   struct Served {

@@ -166,18 +166,31 @@ void ServedLayer::Prefetch(const std::vector<uint32_t>& list) {
     std::lock_guard lock(ra_mu_);
     list_running_ += valid.size();
   }
+  // Extents on the node's disk are read into memory after the loop, on a
+  // worker: the caller is a mount, and a long list's reads queued at once
+  // would hold its other looks at the disk behind them.
+  std::vector<Digest128> on_disk;
   size_t not_started = 0;
   for (uint32_t i : valid) {
     const cache::Extent& e = manifest_.extents[i];
-    if (!cache_.Prefetch(e.hash, store_, e.length, [weak, i](uint64_t bytes) {
-          if (auto self = weak.lock()) self->FetchDone(bytes, i, /*list=*/true);
-        })) {
+    if (!cache_.Prefetch(
+            e.hash, store_, e.length,
+            [weak, i](uint64_t bytes) {
+              if (auto self = weak.lock()) self->FetchDone(bytes, i, /*list=*/true);
+            },
+            &on_disk)) {
       ++not_started;
     }
   }
-  std::lock_guard lock(ra_mu_);
-  list_running_ -= not_started;
-  ra_cv_.notify_all();
+  cache_.ReadAhead(std::move(on_disk));
+  std::vector<size_t> picks;
+  {
+    std::lock_guard lock(ra_mu_);
+    list_running_ -= not_started;
+    ra_cv_.notify_all();
+    picks = PickLocked();  // (none while any of the list is still on its way)
+  }
+  StartReadAhead(std::move(picks));
 }
 
 void ServedLayer::ReadAhead(size_t first, size_t last) {

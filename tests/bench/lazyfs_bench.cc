@@ -620,6 +620,7 @@ int Run(int argc, char** argv) {
   fig[&kernel].seq_disk_s = Time([&] {
     if (ReadAll(kernel.mountpoint(), files) != tree_bytes) Check(Error(EIO, "disk cache: short read"));
   });
+  if (kernel.Stats().value("chunks_fetched", uint64_t{1}) != 0) Check(Error(EIO, "disk cache: the walk fetched"));
   kernel.Down();
   kernel.Up(/*on_disk=*/true);
   fig[&kernel].python_disk_s = Time([&] { RunPython(kernel.mountpoint()); });

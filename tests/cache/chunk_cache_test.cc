@@ -346,7 +346,38 @@ TEST_F(ChunkCacheTest, APrefetchOfAChunkOnDiskReadsItsFileIntoMemory) {
   cache->WaitForFetches();
   EXPECT_EQ(cache->stats().fetches, 1u);
   EXPECT_EQ(cache->stats().disk_readaheads, 1u);
+  // A chunk this cache has open (read before), its pages dropped since (as
+  // DropWhenIdle does once it was served): read ahead too.
   EXPECT_EQ(ReadAll(*cache, id), data);
+  {
+    UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+    ASSERT_TRUE(fd);
+    ASSERT_EQ(::posix_fadvise(fd.get(), 0, 0, POSIX_FADV_DONTNEED), 0);
+  }
+  ASSERT_EQ(CachedBytes(path), 0);
+  EXPECT_FALSE(cache->Prefetch(id, store_, data.size()));
+  for (int i = 0; i < 100 && CachedBytes(path) < static_cast<int64_t>(data.size()); ++i) {
+    std::this_thread::sleep_for(50ms);
+  }
+  EXPECT_EQ(CachedBytes(path), static_cast<int64_t>(data.size()));
+  EXPECT_EQ(cache->stats().disk_readaheads, 2u);
+  // For a list, the chunks on disk are named and read ahead later, together.
+  {
+    UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+    ASSERT_TRUE(fd);
+    ASSERT_EQ(::posix_fadvise(fd.get(), 0, 0, POSIX_FADV_DONTNEED), 0);
+  }
+  std::vector<Digest128> on_disk;
+  EXPECT_FALSE(cache->Prefetch(id, store_, data.size(), nullptr, &on_disk));
+  EXPECT_EQ(on_disk, std::vector<Digest128>{id});
+  cache->ReadAhead(std::move(on_disk));
+  cache->WaitForFetches();
+  for (int i = 0; i < 100 && CachedBytes(path) < static_cast<int64_t>(data.size()); ++i) {
+    std::this_thread::sleep_for(50ms);
+  }
+  EXPECT_EQ(CachedBytes(path), static_cast<int64_t>(data.size()));
+  EXPECT_EQ(cache->stats().disk_readaheads, 3u);
+  EXPECT_EQ(cache->stats().fetches, 1u);
 }
 
 TEST_F(ChunkCacheTest, AllWaitersGetTheSameErrorAndTheNextReadRetries) {
