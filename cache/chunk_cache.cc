@@ -769,45 +769,60 @@ bool ChunkCache::Prefetch(const Digest128& id, const std::shared_ptr<ObjectStore
   // rather than a read at a time when each request comes. (A chunk open
   // here too: its pages were dropped once it was served, DropWhenIdle.)
   if (open && !open->on_disk.load(std::memory_order_acquire)) return false;  // its bytes are in memory
-  UniqueFd opened;
-  if (!open) opened = UniqueFd(::open(DataPath(id).c_str(), O_RDONLY | O_CLOEXEC));
-  if (open || opened) {
-    if (on_disk) {
-      on_disk->push_back(id);
-      return false;
-    }
-    ReadFileAhead(open ? open->fd.get() : opened.get());
-    std::lock_guard lock(mu_);
-    ++stats_.disk_readaheads;
+  if (on_disk) {
+    if (!open && ::access(DataPath(id).c_str(), F_OK) != 0) return StartBackgroundFetch(id, store, size, std::move(done));
+    on_disk->push_back(id);
     return false;
   }
+  UniqueFd opened;
+  if (!open) opened = UniqueFd(::open(DataPath(id).c_str(), O_RDONLY | O_CLOEXEC));
+  if (!open && !opened) return StartBackgroundFetch(id, store, size, std::move(done));
+  ReadFileAhead(open ? open->fd.get() : opened.get());
+  std::lock_guard lock(mu_);
+  ++stats_.disk_readaheads;
+  return false;
+}
+
+bool ChunkCache::StartBackgroundFetch(const Digest128& id, const std::shared_ptr<ObjectStore>& store, uint64_t size,
+                                      FetchDone done) {
   bool leader = false;
   StartFetch(id, store, size, /*background=*/true, &leader, std::move(done));
   return leader;
 }
 
-void ChunkCache::ReadAhead(std::vector<Digest128> ids) {
-  if (ids.empty()) return;
+void ChunkCache::ReadAhead(std::vector<Digest128> ids, size_t from) {
+  if (from >= ids.size()) return;
   {
     std::lock_guard lock(mu_);
     if (closing_) return;
     ++jobs_;
-    stats_.disk_readaheads += ids.size();
   }
+  // A slice per job, the rest queued again behind it: a long list holds a
+  // background worker for a slice's reads at a time, not for all of them.
+  constexpr size_t kSlice = 64;
   pool_->Submit(
-      [this, ids = std::move(ids)] {
-        for (const Digest128& id : ids) {
+      [this, ids = std::move(ids), from]() mutable {
+        const size_t end = std::min(ids.size(), from + kSlice);
+        for (size_t k = from; k < end; ++k) {
           std::shared_ptr<OpenChunk> open;
           {
             std::lock_guard lock(mu_);
-            if (auto it = open_.find(id); it != open_.end()) open = it->second;
+            if (closing_) break;
+            if (auto it = open_.find(ids[k]); it != open_.end()) open = it->second;
           }
-          if (open && open->on_disk.load(std::memory_order_acquire)) {
-            ReadFileAhead(open->fd.get());
-          } else if (UniqueFd fd(open ? -1 : ::open(DataPath(id).c_str(), O_RDONLY | O_CLOEXEC)); fd) {
-            ReadFileAhead(fd.get());  // (evicted meanwhile: nothing to read)
+          UniqueFd opened;
+          int fd = -1;
+          if (open) {
+            if (open->on_disk.load(std::memory_order_acquire)) fd = open->fd.get();
+          } else if ((opened = UniqueFd(::open(DataPath(ids[k]).c_str(), O_RDONLY | O_CLOEXEC)))) {
+            fd = opened.get();
           }
+          if (fd < 0) continue;  // evicted meanwhile, or its bytes in memory
+          ReadFileAhead(fd);
+          std::lock_guard lock(mu_);
+          ++stats_.disk_readaheads;
         }
+        ReadAhead(std::move(ids), end);  // (counts its job before this one ends)
         std::lock_guard lock(mu_);
         if (--jobs_ == 0) idle_cv_.notify_all();
       },

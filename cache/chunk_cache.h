@@ -141,10 +141,11 @@ class ChunkCache {
   using FetchDone = std::function<void(uint64_t fetched_bytes)>;
   bool Prefetch(const Digest128& id, const std::shared_ptr<ObjectStore>& store, uint64_t size = 0,
                 FetchDone done = nullptr, std::vector<Digest128>* on_disk = nullptr);
-  // Reads the files of chunks cached on disk into memory, in this order, on
-  // one background worker: for a long list whose caller (a mount) must not
-  // wait for the disk.
-  void ReadAhead(std::vector<Digest128> ids);
+  // Reads the files of chunks cached on disk into memory, in this order
+  // from ids[from], on background workers (64 at a time, each slice queued
+  // behind the work before it): for a long list whose caller (a mount) must
+  // not wait for the disk.
+  void ReadAhead(std::vector<Digest128> ids, size_t from = 0);
   bool Contains(const Digest128& id);
   // The caller has handed the chunk's bytes to a reader that caches them
   // itself (lazyfs: EROFS's or FUSE's page cache): once nobody has read it
@@ -180,6 +181,8 @@ class ChunkCache {
   std::shared_ptr<OpenChunk> OpenCached(const Digest128& id);
   std::shared_ptr<Flight> StartFetch(const Digest128& id, const std::shared_ptr<ObjectStore>& store, uint64_t size,
                                      bool background, bool* leader, FetchDone on_done = nullptr);
+  bool StartBackgroundFetch(const Digest128& id, const std::shared_ptr<ObjectStore>& store, uint64_t size,
+                            FetchDone done);
   // False when the flight's other job (a promoted prefetch) did the fetch.
   bool RunFetch(const Digest128& id, ObjectStore& store, uint64_t size, const std::shared_ptr<Flight>& flight);
   Result<std::shared_ptr<OpenChunk>> Insert(const Digest128& id, std::string_view data);

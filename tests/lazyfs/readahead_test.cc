@@ -205,6 +205,24 @@ TEST_F(ReadaheadTest, TheRecordedAccessListComesFirstAndReadaheadWaitsForIt) {
   EXPECT_EQ(st.read_errors, 0u);
 }
 
+TEST_F(ReadaheadTest, AListOfExtentsOnTheNodesDiskIsReadAheadNotFetched) {
+  std::vector<uint32_t> list;
+  for (uint32_t i = 0; i < 40; ++i) list.push_back(i);
+  layer_->Prefetch(list);  // a fresh node: fetched
+  Settle();
+  ASSERT_EQ(Fetched().size(), list.size());
+  store_->ResetCounts();
+  // The next mount's list, the chunks on the node's disk: nothing fetched,
+  // every file read ahead (after the list was issued, on a worker).
+  const uint64_t before = cache_->stats().disk_readaheads;
+  layer_->Prefetch(list);
+  Settle();
+  EXPECT_TRUE(Fetched().empty());
+  EXPECT_EQ(cache_->stats().disk_readaheads - before, list.size());
+  for (size_t i = 0; i < 5; ++i) ReadExtent(i);
+  EXPECT_EQ(layer_->Stats().read_errors, 0u);
+}
+
 TEST_F(ReadaheadTest, AStoreThatFailsReadaheadLeavesReadersTheirOwnErrorsOnly) {
   for (size_t i = 0; i < 4; ++i) ReadExtent(i);
   Settle();
