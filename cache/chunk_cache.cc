@@ -774,13 +774,22 @@ bool ChunkCache::Prefetch(const Digest128& id, const std::shared_ptr<ObjectStore
     on_disk->push_back(id);
     return false;
   }
+  return !ReadAheadOnDisk(id, open) && StartBackgroundFetch(id, store, size, std::move(done));
+}
+
+bool ChunkCache::ReadAheadOnDisk(const Digest128& id, const std::shared_ptr<OpenChunk>& open) {
   UniqueFd opened;
-  if (!open) opened = UniqueFd(::open(DataPath(id).c_str(), O_RDONLY | O_CLOEXEC));
-  if (!open && !opened) return StartBackgroundFetch(id, store, size, std::move(done));
-  ReadFileAhead(open ? open->fd.get() : opened.get());
+  int fd = -1;
+  if (open) {
+    if (open->on_disk.load(std::memory_order_acquire)) fd = open->fd.get();
+  } else if ((opened = UniqueFd(::open(DataPath(id).c_str(), O_RDONLY | O_CLOEXEC)))) {
+    fd = opened.get();
+  }
+  if (fd < 0) return false;
+  ReadFileAhead(fd);
   std::lock_guard lock(mu_);
   ++stats_.disk_readaheads;
-  return false;
+  return true;
 }
 
 bool ChunkCache::StartBackgroundFetch(const Digest128& id, const std::shared_ptr<ObjectStore>& store, uint64_t size,
@@ -810,17 +819,7 @@ void ChunkCache::ReadAhead(std::vector<Digest128> ids, size_t from) {
             if (closing_) break;
             if (auto it = open_.find(ids[k]); it != open_.end()) open = it->second;
           }
-          UniqueFd opened;
-          int fd = -1;
-          if (open) {
-            if (open->on_disk.load(std::memory_order_acquire)) fd = open->fd.get();
-          } else if ((opened = UniqueFd(::open(DataPath(ids[k]).c_str(), O_RDONLY | O_CLOEXEC)))) {
-            fd = opened.get();
-          }
-          if (fd < 0) continue;  // evicted meanwhile, or its bytes in memory
-          ReadFileAhead(fd);
-          std::lock_guard lock(mu_);
-          ++stats_.disk_readaheads;
+          ReadAheadOnDisk(ids[k], open);  // (evicted meanwhile, or its bytes in memory: nothing to read)
         }
         ReadAhead(std::move(ids), end);  // (counts its job before this one ends)
         std::lock_guard lock(mu_);

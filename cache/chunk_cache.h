@@ -181,6 +181,9 @@ class ChunkCache {
   std::shared_ptr<OpenChunk> OpenCached(const Digest128& id);
   std::shared_ptr<Flight> StartFetch(const Digest128& id, const std::shared_ptr<ObjectStore>& store, uint64_t size,
                                      bool background, bool* leader, FetchDone on_done = nullptr);
+  // Reads chunk `id`'s file into memory if it is on disk (`open`: this
+  // cache's open chunk of it, if any); returns whether it was.
+  bool ReadAheadOnDisk(const Digest128& id, const std::shared_ptr<OpenChunk>& open);
   bool StartBackgroundFetch(const Digest128& id, const std::shared_ptr<ObjectStore>& store, uint64_t size,
                             FetchDone done);
   // False when the flight's other job (a promoted prefetch) did the fetch.
