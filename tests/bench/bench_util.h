@@ -42,6 +42,7 @@ class Table {
 std::string Fixed(double v, int digits);
 
 using testing::MemAvailableKiB;  // (tests/testing/test_util.h)
+using testing::PerCpuFreeKiB;
 using testing::MemoryCgroups;
 
 // The directory of this program (the build tree's tests/bench).

@@ -9,7 +9,7 @@
 //     machine's PID 1 (on the development VM a supervisor that polls every
 //     process: its CPU grows with the number of processes, strata's or not);
 //   - memory per idle sandbox (MemAvailable drop / IDLE, page cache
-//     dropped) against IDLE idle crun containers of crun's default spec
+//     dropped, the per-CPU lists' free pages counted as free) against IDLE idle crun containers of crun's default spec
 //     (`crun spec`: pid, mount, network, ipc and uts namespaces of their
 //     own, running sleep) on the same busybox root.
 // Usage: density_bench [IDLE] [POOL]   (defaults 1000 and 64)
@@ -54,6 +54,10 @@ Snapshot TakeSnapshot() {
       if (key == k) s["meminfo " + key] = value;
     }
   }
+  // Free pages on the per-CPU lists are free memory too (MemAvailableKiB).
+  const auto per_cpu_free = static_cast<double>(PerCpuFreeKiB());
+  s["meminfo MemAvailable"] += per_cpu_free;
+  s["meminfo MemFree"] += per_cpu_free;
   s["count: memory cgroups (live and dying)"] = MemoryCgroups();
   std::ifstream slab("/proc/slabinfo");
   std::string line;

@@ -67,9 +67,21 @@ uint64_t MemAvailableKiB() {
   std::string key, unit;
   uint64_t value;
   while (in >> key >> value >> unit) {
-    if (key == "MemAvailable:") return value;
+    if (key == "MemAvailable:") return value + PerCpuFreeKiB();
   }
   return 0;
+}
+
+uint64_t PerCpuFreeKiB() {
+  std::ifstream in("/proc/zoneinfo");
+  uint64_t pages = 0;
+  for (std::string line; std::getline(in, line);) {
+    std::istringstream f(line);
+    std::string key;
+    uint64_t n = 0;
+    if (f >> key >> n && key == "count:") pages += n;
+  }
+  return pages * static_cast<uint64_t>(::sysconf(_SC_PAGESIZE)) / 1024;
 }
 
 }  // namespace strata::testing
