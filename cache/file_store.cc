@@ -7,9 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cerrno>
-#include <random>
 
 #include "common/fs.h"
 #include "common/strings.h"
@@ -17,7 +15,6 @@
 namespace strata::cache {
 namespace {
 
-constexpr const char* kTmpDir = ".tmp";
 
 struct Entry {
   std::string name;
@@ -25,19 +22,11 @@ struct Entry {
   std::string sort_key;  // directories sort as "name/", matching their keys
 };
 
-std::string TempName(std::string_view key) {
-  static std::atomic<uint64_t> counter{0};
-  thread_local std::mt19937_64 rng{std::random_device{}()};
-  std::string base = Basename(key);
-  if (base.size() > 100) base.resize(100);
-  return StrCat(base, ".", getpid(), ".", counter.fetch_add(1), ".", rng() % 1000000);
-}
-
 }  // namespace
 
 Result<std::shared_ptr<ObjectStore>> FileStore::Open(std::string url, std::string root) {
   while (root.size() > 1 && root.back() == '/') root.pop_back();
-  Status s = MakeDirs(JoinPath(root, kTmpDir));
+  Status s = MakeDirs(JoinPath(root, kStagingDir));
   if (!s.ok()) return s.Annotate(StrCat("open file store ", url));
   return std::shared_ptr<ObjectStore>(new FileStore(std::move(url), std::move(root)));
 }
@@ -75,7 +64,7 @@ Result<size_t> FileStore::GetRange(std::string_view key, uint64_t offset, std::s
 Status FileStore::Put(std::string_view key, std::string_view data) {
   STRATA_RETURN_IF_ERROR(ValidateKey(key));
   const std::string final_path = PathOf(key);
-  const std::string tmp = JoinPath(JoinPath(root_, kTmpDir), TempName(key));
+  const std::string tmp = JoinPath(JoinPath(root_, kStagingDir), StagingName(key));
   {
     auto fd = OpenFile(tmp, O_WRONLY | O_CREAT | O_EXCL, 0644);
     if (!fd.ok()) return fd.status().Annotate(Step("put", key));

@@ -1,31 +1,14 @@
 // HttpStore: objects as resources on a WebDAV-capable HTTP server.
 #include "cache/http_store.h"
 
-#include <unistd.h>
-
 #include <algorithm>
-#include <atomic>
 #include <cerrno>
 #include <nlohmann/json.hpp>
-#include <random>
 
 #include "common/fs.h"
 #include "common/strings.h"
 
 namespace strata::cache {
-namespace {
-
-constexpr const char* kTmpDir = ".tmp";
-
-std::string TempName(std::string_view key) {
-  static std::atomic<uint64_t> counter{0};
-  thread_local std::mt19937_64 rng{std::random_device{}()};
-  std::string base = Basename(key);
-  if (base.size() > 100) base.resize(100);
-  return StrCat(base, ".", getpid(), ".", counter.fetch_add(1), ".", rng() % 1000000);
-}
-
-}  // namespace
 
 HttpStore::HttpStore(std::string url, std::string base, HttpOptions options)
     : url_(std::move(url)), base_(std::move(base)), client_(StrCat("http store ", url_), options) {}
@@ -65,7 +48,7 @@ Result<size_t> HttpStore::GetRange(std::string_view key, uint64_t offset, std::s
 
 Status HttpStore::Put(std::string_view key, std::string_view data) {
   STRATA_RETURN_IF_ERROR(ValidateKey(key));
-  const std::string tmp_url = StrCat(base_, "/", kTmpDir, "/", EncodeUrlComponent(TempName(key)));
+  const std::string tmp_url = StrCat(base_, "/", kStagingDir, "/", EncodeUrlComponent(StagingName(key)));
   const std::string final_url = UrlOf(key);
   const std::string step = StrCat("put ", key);
 

@@ -1,13 +1,18 @@
 // The ObjectStore helpers and URL dispatch.
 #include "cache/object_store.h"
 
+#include <unistd.h>
+
+#include <atomic>
 #include <cerrno>
 #include <cstdlib>
+#include <random>
 
 #include "cache/file_store.h"
 #include "cache/http_client.h"
 #include "cache/http_store.h"
 #include "cache/s3_store.h"
+#include "common/fs.h"
 #include "common/strings.h"
 
 namespace strata::cache {
@@ -17,6 +22,14 @@ Result<bool> ObjectStore::Exists(std::string_view key) {
   if (size.ok()) return true;
   if (size.status().code() == ENOENT) return false;
   return size.status();
+}
+
+std::string StagingName(std::string_view key) {
+  static std::atomic<uint64_t> counter{0};
+  thread_local std::mt19937_64 rng{std::random_device{}()};
+  std::string base = Basename(key);
+  if (base.size() > 100) base.resize(100);
+  return StrCat(base, ".", getpid(), ".", counter.fetch_add(1), ".", rng() % 1000000);
 }
 
 std::string ChunkKey(const Digest128& id) {

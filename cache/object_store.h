@@ -59,6 +59,13 @@ std::string ChunkKey(const Digest128& id);
 // Every object under `prefix`, across all pages.
 Result<std::vector<ObjectInfo>> ListAll(ObjectStore& store, std::string_view prefix);
 
+// Where a writer stages an object before it takes its key (FileStore and
+// HttpStore): a directory of that name under the store's root (which
+// ValidateKey keeps keys out of), and a name there no other writer, here
+// or in another process, picks.
+inline constexpr const char* kStagingDir = ".tmp";
+std::string StagingName(std::string_view key);
+
 // Checks that `key` is a relative path of non-empty components, none of
 // which starts with '.' (so "..", temporary names and hidden files are out).
 Status ValidateKey(std::string_view key);

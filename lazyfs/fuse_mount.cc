@@ -12,6 +12,8 @@
 
 #include <cerrno>
 #include <cstring>
+#include <exception>
+#include <new>
 
 #include "common/fs.h"
 #include "common/log.h"
@@ -176,6 +178,20 @@ Result<std::unique_ptr<FuseMount>> FuseMount::Adopt(const std::string& mountpoin
     return Error(EPROTO, StrCat(what, ": this libfuse session answers INIT differently than the one that mounted it"));
   }
   return m;
+}
+
+void ReplyToException(fuse_req* req, std::exception_ptr thrown) {
+  try {
+    std::rethrow_exception(thrown);
+  } catch (const std::bad_alloc&) {
+    fuse_reply_err(req, ENOMEM);
+  } catch (const std::exception& e) {
+    STRATA_LOG(kError) << "lazyfs: FUSE operation failed: " << e.what();
+    fuse_reply_err(req, EIO);
+  } catch (...) {
+    STRATA_LOG(kError) << "lazyfs: FUSE operation failed: something not an exception was thrown";
+    fuse_reply_err(req, EIO);
+  }
 }
 
 void* FuseMount::Owner(fuse_req* req) { return static_cast<FuseMount*>(fuse_req_userdata(req))->userdata_; }

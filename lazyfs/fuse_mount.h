@@ -21,6 +21,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <exception>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -121,5 +122,18 @@ class FuseMount {
 // /sys/fs/fuse/connections/N/abort, mounting fusectl there first if
 // needed): its pending and future requests fail with ENOTCONN.
 Status AbortFuseConnection(dev_t device);
+
+// The one exception boundary of every FUSE operation of both filesystems:
+// runs `body`; whatever it throws is answered here (ENOMEM, or EIO and a
+// log line), so nothing thrown crosses into libfuse.
+void ReplyToException(fuse_req* req, std::exception_ptr thrown);
+template <typename F>
+void Guard(fuse_req* req, F&& body) {
+  try {
+    body();
+  } catch (...) {
+    ReplyToException(req, std::current_exception());
+  }
+}
 
 }  // namespace strata::lazyfs

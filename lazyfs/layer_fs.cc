@@ -22,20 +22,6 @@ constexpr double kForever = 86400.0 * 365;  // layers never change under a name
 
 LayerFs* Fs(fuse_req_t req) { return static_cast<LayerFs*>(FuseMount::Owner(req)); }
 
-// The one exception boundary of every FUSE operation: nothing thrown
-// crosses into libfuse; the kernel gets an errno instead.
-template <typename F>
-void Guard(fuse_req_t req, F&& body) {
-  try {
-    body();
-  } catch (const std::bad_alloc&) {
-    fuse_reply_err(req, ENOMEM);
-  } catch (const std::exception& e) {
-    STRATA_LOG(kError) << "lazyfs: FUSE operation failed: " << e.what();
-    fuse_reply_err(req, EIO);
-  }
-}
-
 // Root's only (the mount is allow_other for microVMs' descriptors, and
 // default_permissions holds every other user to these modes).
 struct stat StatOf(const LayerFs::Node* node) {

@@ -86,20 +86,6 @@ struct TreeFsOps {
     return nid == fs.image_->info().root_nid ? FUSE_ROOT_ID : nid + 2;
   }
 
-  // The one exception boundary of every operation: nothing thrown crosses
-  // into libfuse; the kernel gets an errno instead.
-  template <typename F>
-  static void Guard(fuse_req_t req, F&& body) {
-    try {
-      body();
-    } catch (const std::bad_alloc&) {
-      fuse_reply_err(req, ENOMEM);
-    } catch (const std::exception& e) {
-      STRATA_LOG(kError) << "lazyfs: FUSE operation failed: " << e.what();
-      fuse_reply_err(req, EIO);
-    }
-  }
-
   // Replies EIO and logs which step failed on which inode of which layer.
   static void FailIo(fuse_req_t req, const TreeFs& fs, std::string_view step, uint64_t nid, const Status& s) {
     const uint64_t n = fs.errors_.fetch_add(1, std::memory_order_relaxed);
