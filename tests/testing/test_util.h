@@ -45,8 +45,8 @@ uint64_t MemAvailableKiB();
 // Free pages on the page allocator's per-CPU lists (/proc/zoneinfo, each
 // zone's pagesets' `count`), in KiB. MemFree and MemAvailable leave them
 // out, and they swing by tens of MiB with how each CPU last allocated and
-// freed (on this VM up to 36 MiB a CPU stay there; 59 MiB drained into
-// MemFree in 5 idle seconds).
+// freed (on this VM a CPU's list may keep 36 MiB for good and grow far
+// past it; 59 MiB of them went back to MemFree in 5 idle seconds).
 uint64_t PerCpuFreeKiB();
 // Memory cgroups on the node, live and dying (/proc/cgroups); -1 without.
 int MemoryCgroups();
