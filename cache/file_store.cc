@@ -15,7 +15,6 @@
 namespace strata::cache {
 namespace {
 
-
 struct Entry {
   std::string name;
   bool is_dir;

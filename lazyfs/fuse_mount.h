@@ -18,6 +18,8 @@
 
 #include <sys/types.h>
 
+#include <cxxabi.h>
+
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -125,12 +127,15 @@ Status AbortFuseConnection(dev_t device);
 
 // The one exception boundary of every FUSE operation of both filesystems:
 // runs `body`; whatever it throws is answered here (ENOMEM, or EIO and a
-// log line), so nothing thrown crosses into libfuse.
+// log line), so nothing thrown crosses into libfuse. A cancelled thread's
+// forced unwind is not an error and goes on up.
 void ReplyToException(fuse_req* req, std::exception_ptr thrown);
 template <typename F>
 void Guard(fuse_req* req, F&& body) {
   try {
     body();
+  } catch (abi::__forced_unwind&) {
+    throw;
   } catch (...) {
     ReplyToException(req, std::current_exception());
   }
