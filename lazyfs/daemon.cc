@@ -762,6 +762,8 @@ json Daemon::Stats(const std::string& mountpoint_filter) {
                      {"chunks", usage.ok() ? usage->chunks : 0},
                      {"hits", cs.hits},
                      {"misses", cs.misses},
+                     {"joined", cs.joined},
+                     {"prefetches", cs.prefetches},
                      {"fetches", cs.fetches},
                      {"fetch_errors", cs.fetch_errors},
                      {"corrupt", cs.corrupt},
