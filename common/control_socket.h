@@ -4,7 +4,7 @@
 // its own in the request, so two releases that differ refuse each other at
 // once, by name, instead of waiting on an answer that never comes. The lazyfs daemon
 // serves its API this way; docs/protocol.md ("Control sockets") has the wire
-// format. (The launcher daemon's public API is HTTP: common/http_server.h.)
+// format. (The launcher daemon's public API is HTTP: launcher/front/http_server.h.)
 #pragma once
 
 #include <sys/types.h>

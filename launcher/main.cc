@@ -17,15 +17,17 @@
 #include "common/strings.h"
 #include "common/units.h"
 #include "launcher/api/client.h"
-#include "launcher/doctor.h"
-#include "launcher/manager.h"
+#include "launcher/backends/doctor.h"
+#include "launcher/backends/node_backends.h"
+#include "launcher/node/manager.h"
 #include "launcher/sandbox/sandbox.h"
 #include "launcher/api/server.h"
-#include "launcher/node_cgroup.h"
-#include "launcher/api/tenants.h"
+#include "launcher/node/node_cgroup.h"
+#include "launcher/front/tenants.h"
 #include "launcher/cluster/admin.h"
 #include "launcher/cluster/gateway.h"
-#include "launcher/node_claims.h"
+#include "launcher/cluster/node_registration.h"
+#include "launcher/node/node_claims.h"
 #include "common/crypto.h"
 
 namespace {
@@ -183,7 +185,7 @@ int WaitForStop(const sigset_t& signals, const std::function<Status()>& reload_t
   }
 }
 
-int Serve(const ServeOptions& options, const NodeConfig& node) {
+int Serve(const ServeOptions& options, const ClusterOptions& cluster, const NodeConfig& node) {
   const sigset_t signals = BlockDaemonSignals();
   if (Status placed = PlaceNodeProcesses(node.cgroup_parent); !placed.ok()) {
     std::fprintf(stderr, "launcher: warning: %s\n", placed.ToString().c_str());
@@ -206,11 +208,18 @@ int Serve(const ServeOptions& options, const NodeConfig& node) {
   std::vector<std::string> warnings;
   auto server = LauncherServer::Start(options, **manager, &warnings);
   if (!server.ok()) return Fail(server.status());
+  std::unique_ptr<NodeRegistration> registration;
+  if (!cluster.endpoints.empty()) {
+    auto registered = NodeRegistration::Start(cluster, **server);
+    if (!registered.ok()) return Fail(registered.status());
+    registration = std::move(*registered);
+  }
   for (const auto& w : warnings) std::fprintf(stderr, "launcher: WARNING: %s\n", w.c_str());
   for (const auto& url : (*server)->urls()) std::fprintf(stderr, "launcher: serving on %s\n", url.c_str());
   const int sig = WaitForStop(signals, [&] { return (*server)->ReloadTokens(); },
                               !options.tokens_file.empty() || !options.legacy_token_file.empty());
   std::fprintf(stderr, "launcher: signal %d: stopping (sandboxes keep running; a restart re-adopts them)\n", sig);
+  registration.reset();  // (the node leaves the cluster before it stops answering)
   server->reset();
   return 0;
 }
@@ -255,6 +264,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
 
   NodeConfig node = NodeConfig::FromEnvironment();
+  node.backends = NodeBackends();
   SandboxSpec spec;
   ExecRequest request;
   std::vector<std::string> allow, deny, read_only;
@@ -313,6 +323,7 @@ int main(int argc, char** argv) {
   doctor->add_option("--uppers-size", uppers_size, "size of the loop-file btrfs --fix creates for uppers")->capture_default_str();
 
   ServeOptions serve_options;
+  ClusterOptions cluster_options;
   auto* serve = app.add_subcommand("serve", "run the node daemon (API on a unix socket) in the foreground");
   serve->add_option("--socket", serve_options.socket_path, "socket")->capture_default_str();
   serve->add_option("--kernel", node.vm_kernel, "microVMs' guest kernel, an uncompressed vmlinux (STRATA_VM_KERNEL)")
@@ -356,11 +367,11 @@ int main(int argc, char** argv) {
   serve->add_option("--allow-private", allow_private, "a private range (CIDR) sandbox networks may reach (repeatable)");
   std::vector<std::string> labels;
   serve->add_option("--node", node.name, "this node's name in a cluster (1-20 of a-z 0-9 -); sandbox ids carry it");
-  serve->add_option("--cluster", serve_options.cluster.endpoints, "register in this etcd cluster: URL[,URL...]");
-  serve->add_option("--etcd-ca", serve_options.cluster.etcd_ca, "PEM of the CAs of https etcd endpoints");
+  serve->add_option("--cluster", cluster_options.endpoints, "register in this etcd cluster: URL[,URL...]");
+  serve->add_option("--etcd-ca", cluster_options.etcd_ca, "PEM of the CAs of https etcd endpoints");
   serve->add_option("--label", labels, "K=V the gateways place by (repeatable), e.g. pool=main");
-  serve->add_option("--advertise", serve_options.cluster.advertise, "the API URL gateways use (default: the first --listen's)");
-  serve->add_option("--lease", serve_options.cluster.lease_seconds, "seconds before a silent node is lost (2-10)")->capture_default_str();
+  serve->add_option("--advertise", cluster_options.advertise, "the API URL gateways use (default: the first --listen's)");
+  serve->add_option("--lease", cluster_options.lease_seconds, "seconds before a silent node is lost (2-10)")->capture_default_str();
 
   GatewayOptions gateway_options;
   std::string overflow = "pool=cloud", create_deadline = "30s";
@@ -563,7 +574,7 @@ int main(int argc, char** argv) {
     }
     auto parsed_labels = ParseLabels(labels, "--label");
     if (!parsed_labels.ok()) return Fail(parsed_labels.status());
-    serve_options.cluster.labels = std::move(*parsed_labels);
+    cluster_options.labels = std::move(*parsed_labels);
     auto parse = [](const std::string& text, const char* flag, auto* out, auto convert) -> Status {
       if (text.empty()) return OkStatus();
       auto v = convert(text);
@@ -605,7 +616,7 @@ int main(int argc, char** argv) {
     if (network.ok()) node.network = *network;
     else node.network_off_reason = network.status().ToString();
     if (!network.ok()) std::fprintf(stderr, "launcher: WARNING: sandbox networks (modes allow, open) are off: %s\n", network.status().ToString().c_str());
-    return Serve(serve_options, node);
+    return Serve(serve_options, cluster_options, node);
   }
 
   if (!runtime.empty()) node.runtime = runtime;

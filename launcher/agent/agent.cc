@@ -38,9 +38,9 @@
 
 #include "common/fs.h"
 #include "common/strings.h"
-#include "launcher/agent/file_rules.h"
-#include "launcher/agent/protocol.h"
-#include "launcher/container/oci_config.h"
+#include "launcher/protocol/file_rules.h"
+#include "launcher/protocol/protocol.h"
+#include "launcher/protocol/layout.h"
 
 namespace strata::launcher {
 

@@ -18,7 +18,7 @@
 
 #include <poll.h>
 
-#include "common/stream_mux.h"
+#include "launcher/protocol/stream_mux.h"
 #include "launcher/agent/agent.h"
 #include "launcher/agent/vm_init.h"
 

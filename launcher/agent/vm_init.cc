@@ -27,7 +27,7 @@
 
 #include "common/fs.h"
 #include "common/strings.h"
-#include "launcher/container/oci_config.h"
+#include "launcher/protocol/layout.h"
 
 namespace strata::launcher {
 

@@ -6,7 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "launcher/agent_client.h"
+#include "launcher/sandbox/agent_client.h"
 
 namespace strata::cache {
 class HttpClient;

@@ -21,9 +21,9 @@
 #include "common/strings.h"
 #include "common/unique_fd.h"
 #include "common/units.h"
-#include "launcher/agent/protocol.h"
+#include "launcher/protocol/protocol.h"
 #include "launcher/api/tar_bridge.h"
-#include "launcher/node_cgroup.h"
+#include "launcher/node/node_cgroup.h"
 
 namespace strata::launcher {
 
@@ -81,14 +81,21 @@ Result<uint64_t> SizeField(const json& j, const char* name) {
   return j[name].get<uint64_t>();
 }
 
-Result<SandboxSpec> ParseSpec(const json& j) {
+// "a, b or c".
+std::string NamesOr(const std::vector<std::string>& names) {
+  if (names.size() < 2) return Join(names, "");
+  return Join(std::vector<std::string>(names.begin(), names.end() - 1), ", ") + " or " + names.back();
+}
+
+Result<SandboxSpec> ParseSpec(const json& j, const NodeConfig& node) {
   SandboxSpec spec;
   try {
     spec.layers = j.at("layers").get<std::vector<std::string>>();
     spec.store = j.value("store", "");
-    spec.backend = j.value("backend", "container");
-    if (spec.backend != "container" && spec.backend != "fncall" && spec.backend != "microvm") {
-      return Error(EINVAL, "create: backend must be container, fncall or microvm, not " + Quote(spec.backend));
+    spec.backend = j.value("backend", kDefaultBackend);
+    if (!node.backends || !node.backends->Find(spec.backend).ok()) {
+      return Error(EINVAL, StrCat("create: backend must be ", NamesOr(node.backends ? node.backends->Names() : std::vector<std::string>{}),
+                                  ", not ", Quote(spec.backend)));
     }
     spec.limits.cpus = j.value("cpus", 0.0);
     spec.limits.pids = j.value("pids", int64_t{0});
@@ -427,65 +434,22 @@ Result<std::unique_ptr<LauncherServer>> LauncherServer::Start(const ServeOptions
                                                              .limits = options.tcp_limits, .handler = handler, .upload = upload}));
     s->tcp_.push_back(std::move(server));
   }
-  if (!options.cluster.endpoints.empty()) STRATA_RETURN_IF_ERROR(s->Register());
   return s;
 }
 
-Status LauncherServer::Register() {
-  const ServeOptions::Cluster& c = options_.cluster;
-  NodeRecord node;
-  node.name = manager_.node().name;
-  if (node.name.empty()) return Error(EINVAL, "serve: --cluster needs --node NAME (sandbox ids carry it)");
-  node.url = c.advertise;
-  if (node.url.empty()) {
-    if (tcp_.empty()) return Error(EINVAL, "serve: --cluster needs --listen HOST:PORT (gateways reach nodes over TCP) or --advertise URL");
-    node.url = tcp_.front()->url();
-    auto hp = ParseHostPort(options_.listen.front());
-    if (hp.ok() && (hp->first.empty() || hp->first == "0.0.0.0" || hp->first == "::")) {
-      return Error(EINVAL, "serve: --listen " + options_.listen.front() + " is every address: say which one gateways use (--advertise https://HOST:PORT)");
-    }
-  }
-  node.labels = c.labels;
-  node.backends = {"container", "fncall"};
-  node.accelerator = "none";
-  if (::access(manager_.node().vm_kernel.c_str(), R_OK) == 0 && !manager_.node().jail_binary.empty()) {
-    node.backends.push_back("microvm");
-    node.accelerator = manager_.node().vm_accel;
-  }
-  node.slots = options_.max_sandboxes;
-  node.cpus = static_cast<int64_t>(std::thread::hardware_concurrency());
-  node.memory = options_.memory_capacity;
-  if (node.memory == 0) {
-    std::ifstream in("/proc/meminfo");
-    std::string key, unit;
-    uint64_t kb = 0;
-    if (in >> key >> kb >> unit && key == "MemTotal:") node.memory = kb * 1024;
-  }
-  struct statvfs vfs{};
-  if (::statvfs(manager_.node().uppers.c_str(), &vfs) == 0) node.disk = static_cast<uint64_t>(vfs.f_blocks) * vfs.f_frsize;
-  Registrar::Options o{.endpoints = c.endpoints, .ca_file = c.etcd_ca, .lease_seconds = c.lease_seconds};
-  auto report = [this](NodeRecord* r) {
-    const json health = NodeHealth();
-    // With the creates admitted and under way: a gateway counts its
-    // placements as pending until a report made after they arrived.
-    int64_t creating = 0;
-    {
-      std::lock_guard lock(admission_mu_);
-      creating = creating_;
-    }
-    r->sandboxes = health.value("sandboxes", int64_t{0}) + creating;
-    r->accepting = health.value("accepting", true);
-    r->headroom = health["headroom"];
-    r->memory_available = r->headroom.value("memory_available", uint64_t{0});
-    r->disk_available = r->headroom.value("disk_available", uint64_t{0});
-    r->states = manager_.StateCounts();
-  };
-  STRATA_ASSIGN_OR_RETURN(registrar_, Registrar::Start(o, std::move(node), report));
-  return OkStatus();
+int64_t LauncherServer::Creating() {
+  std::lock_guard lock(admission_mu_);
+  return creating_;
+}
+
+std::string LauncherServer::TcpUrl() const { return tcp_.empty() ? "" : tcp_.front()->url(); }
+
+void LauncherServer::SetClusterStatus(std::function<json()> status) {
+  std::lock_guard lock(cluster_mu_);
+  cluster_status_ = std::move(status);
 }
 
 LauncherServer::~LauncherServer() {
-  registrar_.reset();  // (the node leaves the cluster before it stops answering)
   manager_.SetWarmAdmission(nullptr);  // (it asks this server)
   // Listeners first: no handler runs once they are gone.
   tcp_.clear();
@@ -635,7 +599,8 @@ LauncherServer::Headroom LauncherServer::NodeHeadroom() const {
 
 json LauncherServer::Health() {
   json health = NodeHealth();
-  if (registrar_) health["cluster"] = registrar_->Status();
+  std::lock_guard lock(cluster_mu_);
+  if (cluster_status_) health["cluster"] = cluster_status_();
   return health;
 }
 
@@ -701,7 +666,7 @@ Response LauncherServer::Route(const Request& req, const Caller& caller) {
     if (!caller.is_operator) return Fail(Error(EPERM, "warm pools: only the node's operator sets and lists them"));
     if (req.method == "GET") return Json({{"pools", manager_.WarmPools()}});
     if (req.method == "POST") {
-      auto spec = ParseSpec(body);
+      auto spec = ParseSpec(body, manager_.node());
       if (!spec.ok()) return Fail(spec.status().Annotate("warm pool"));
       if (!body.contains("size") || !body["size"].is_number_integer()) return Fail(Error(EINVAL, "warm pool: size (a whole number) is required"));
       if (spec->store.empty() && !options_.stores.empty()) spec->store = options_.stores[0];
@@ -797,7 +762,7 @@ Response LauncherServer::Route(const Request& req, const Caller& caller) {
 // --- create ------------------------------------------------------------------
 
 Response LauncherServer::Create(const Request& req, const json& body, const Caller& caller) {
-  auto spec = ParseSpec(body);
+  auto spec = ParseSpec(body, manager_.node());
   if (!spec.ok()) return Fail(spec.status());
   const bool bulk = body.contains("count");
   int count = 1;
@@ -857,14 +822,14 @@ Response LauncherServer::Create(const Request& req, const json& body, const Call
     }
     // A create a ready warm sandbox serves commits nothing new: the pool's
     // count has it already.
-    if (Status a = Admit(caller, manager_.WarmReadyFor(*spec) ? 0 : MemoryCommit(*spec)); !a.ok()) {
+    if (Status a = Admit(caller, manager_.WarmReadyFor(*spec) ? 0 : MemoryCommit(manager_.node(), *spec)); !a.ok()) {
       outcomes[i].error = a;
       return;
     }
     SandboxSpec one = *spec;
     one.id = ids[i];
     auto info = manager_.Create(std::move(one), caller.scope());
-    Admitted(caller, MemoryCommit(*spec));
+    Admitted(caller, MemoryCommit(manager_.node(), *spec));
     if (info.ok()) outcomes[i].info = std::move(*info);
     else outcomes[i].error = info.status();
   };

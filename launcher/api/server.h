@@ -5,21 +5,18 @@
 // idempotent retries and the wire formats (JSON, frames, NDJSON).
 #pragma once
 
+#include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
 
-#include "common/http_server.h"
-#include "launcher/manager.h"
-#include "launcher/api/tenants.h"
-#include "launcher/cluster/membership.h"
+#include "launcher/front/http_server.h"
+#include "launcher/node/manager.h"
+#include "launcher/front/tenants.h"
 
 namespace strata::launcher {
-
-// The header a gateway's call names its caller's tenant in (lowercase, as
-// HttpServer gives request headers).
-inline constexpr const char* kTenantHeader = "x-strata-tenant";
 
 struct ServeOptions {
   std::string socket_path = kDefaultLauncherSocket;
@@ -52,15 +49,6 @@ struct ServeOptions {
   uint64_t disk_reserve = 0;
   // Caps of every TCP listener (the unix socket keeps only the size caps).
   HttpServer::Limits tcp_limits;
-  // Cluster membership (`--cluster`): the node registers itself in etcd
-  // under its name (NodeConfig::name) while it serves. docs/cluster.md.
-  struct Cluster {
-    std::string endpoints;  // etcd, comma-separated; empty: no cluster
-    std::string etcd_ca;
-    std::string advertise;  // the API URL gateways use; empty: the first --listen's
-    std::map<std::string, std::string> labels;
-    int64_t lease_seconds = 5;
-  } cluster;
 };
 
 class LauncherServer {
@@ -78,6 +66,17 @@ class LauncherServer {
   std::vector<std::string> urls() const;
   // GET /v1/health's answer: admission headroom, and cluster registration.
   nlohmann::json Health();
+  // Health() without the registration (what a registrar reports).
+  nlohmann::json NodeHealth();
+  // Admitted creations still under way.
+  int64_t Creating();
+  // The first TCP listener's URL; empty without one.
+  std::string TcpUrl() const;
+  const ServeOptions& options() const { return options_; }
+  SandboxManager& manager() { return manager_; }
+  // What Health() shows under "cluster" (the node's registration); null:
+  // nothing. Set and reset by whoever registers the node.
+  void SetClusterStatus(std::function<nlohmann::json()> status);
 
   // Who is calling.
   struct Caller {
@@ -107,8 +106,6 @@ class LauncherServer {
   HttpServer::Response Destroy(const HttpServer::Request& request, const std::string& id, const Caller& caller);
   HttpServer::Response Snapshot(const HttpServer::Request& request, const std::string& id, const nlohmann::json& body,
                                 const Caller& caller);
-  Status Register();
-  nlohmann::json NodeHealth();  // Health() without the registration (the registrar's report)
 
   // Node and tenant admission for one creation: reserves a slot, or says
   // why not (EAGAIN: the node; EDQUOT: the tenant's limits).
@@ -133,7 +130,8 @@ class LauncherServer {
   int64_t creating_ = 0;  // admitted creations under way
   uint64_t creating_memory_ = 0;  // and what they commit
   std::map<std::string, int64_t> creating_by_tenant_;
-  std::unique_ptr<Registrar> registrar_;
+  std::mutex cluster_mu_;
+  std::function<nlohmann::json()> cluster_status_;
   std::unique_ptr<HttpServer> unix_;
   std::vector<std::unique_ptr<HttpServer>> tcp_;
 };

@@ -9,8 +9,8 @@
 #include <string>
 #include <string_view>
 
-#include "common/http_server.h"
-#include "launcher/agent_client.h"
+#include "launcher/front/http_server.h"
+#include "launcher/sandbox/agent_client.h"
 
 namespace strata::launcher {
 

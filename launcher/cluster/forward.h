@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "common/http_server.h"
+#include "launcher/front/http_server.h"
 #include "common/status.h"
 #include "common/units.h"
 

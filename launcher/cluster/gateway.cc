@@ -16,8 +16,9 @@
 #include "common/log.h"
 #include "common/strings.h"
 #include "common/units.h"
-#include "launcher/api/server.h"
-#include "launcher/sandbox/sandbox.h"
+#include "launcher/front/tenants.h"
+#include "launcher/sandbox/ids.h"
+#include "launcher/sandbox/spec.h"
 
 namespace strata::launcher {
 
@@ -436,7 +437,7 @@ Response Gateway::Create(const Request& req, const Caller& caller) {
   json body = json::parse(req.body.empty() ? "{}" : req.body, nullptr, false);
   if (body.is_discarded() || !body.is_object()) return Fail(Error(EINVAL, "request body is not a JSON object"));
   PlacementRequest want;
-  want.backend = body.value("backend", "container");
+  want.backend = body.value("backend", kDefaultBackend);
   if (body.contains("labels")) {
     if (!body["labels"].is_object()) return Fail(Error(EINVAL, "create: labels must be an object of strings"));
     for (const auto& [k, v] : body["labels"].items()) {

@@ -18,8 +18,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "common/http_server.h"
-#include "launcher/api/tenants.h"
+#include "launcher/front/http_server.h"
+#include "launcher/front/tenants.h"
 #include "launcher/cluster/etcd.h"
 #include "launcher/cluster/forward.h"
 #include "launcher/cluster/placement.h"

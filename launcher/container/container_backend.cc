@@ -7,9 +7,12 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <memory>
 #include <thread>
 
 #include "common/fs.h"
+#include "common/mount.h"
+#include "common/subprocess.h"
 #include "common/strings.h"
 #include "common/unix_socket.h"
 #include "launcher/container/oci_config.h"
@@ -37,6 +40,36 @@ Status CheckTraversable(const std::string& dir, uid_t uid) {
 }
 
 }  // namespace
+
+Status AddContainerBackends(BackendTable& table) {
+  // What a one-shot launcher that died left beside the generic parts: the
+  // runtime's container, the sandbox's /dev and the overlay on the host.
+  auto sweep = [](const NodeConfig& node, const std::string& id, const json& state) {
+    const std::string runtime = state.value("runtime", node.runtime);
+    RunCommand({.argv = {runtime, "delete", "--force", id}, .timeout = std::chrono::seconds(10)}).status().IgnoreError();
+    RemoveSandboxDev(id).IgnoreError();
+    const std::string rootfs = JoinPath(node.run_dir, id) + "/rootfs";
+    if (IsMountPoint(rootfs)) MountPoint::Adopt(rootfs).Unmount().IgnoreError();
+  };
+  STRATA_RETURN_IF_ERROR(table.Add({
+      .name = "container",
+      .make = [](const NodeConfig& node, const std::string& id, const std::string& dir) -> std::unique_ptr<Backend> {
+        return std::make_unique<ContainerBackend>(node, id, dir, false);
+      },
+      // Its cgroup's limit: the caller's and the agent's reserve beside it.
+      .memory_commit = [](const SandboxSpec& spec) { return spec.limits.memory > 0 ? spec.limits.memory + kAgentReserveMemory : 0; },
+      .sweep = sweep,
+      .warm_pools = true,
+  }));
+  return table.Add({
+      .name = "fncall",
+      .make = [](const NodeConfig& node, const std::string& id, const std::string& dir) -> std::unique_ptr<Backend> {
+        return std::make_unique<ContainerBackend>(node, id, dir, true);
+      },
+      .sweep = sweep,
+      .calls = true,  // (its memory is its pool's: none of its own)
+  });
+}
 
 ContainerBackend::ContainerBackend(NodeConfig node, std::string id, std::string dir, bool fncall)
     : node_(std::move(node)), id_(std::move(id)), dir_(std::move(dir)), rootfs_(dir_ + "/rootfs"), fncall_(fncall) {}

@@ -14,6 +14,9 @@
 
 namespace strata::launcher {
 
+// Adds "container" and "fncall" to the node's table.
+Status AddContainerBackends(BackendTable& table);
+
 class ContainerBackend : public Backend {
  public:
   ContainerBackend(NodeConfig node, std::string id, std::string dir, bool fncall);

@@ -11,6 +11,8 @@
 
 #include "common/idmap.h"
 #include "common/status.h"
+#include "launcher/sandbox/spec.h"
+#include "launcher/protocol/layout.h"
 
 namespace strata::launcher {
 
@@ -20,11 +22,6 @@ namespace strata::launcher {
 inline constexpr int64_t kAgentReservePids = 128;
 inline constexpr uint64_t kAgentReserveMemory = uint64_t{64} << 20;
 
-struct ContainerLimits {
-  double cpus = 0;          // CPU quota in cores; 0: none. Shares follow it (oversold CPU)
-  uint64_t memory = 0;      // bytes; 0: none (swap is never allowed beyond it)
-  int64_t pids = 0;         // 0: none
-};
 
 // The node's sysfs for sandboxes: mounted once, from a network namespace
 // with nothing in it, so /sys/class/net shows no interface of the node's.
@@ -43,7 +40,7 @@ struct ContainerConfig {
   std::string rootfs;                 // the composed overlay
   std::string hostname;
   IdMapping idmap;
-  ContainerLimits limits;
+  SandboxLimits limits;
   bool host_network = false;          // else a network namespace: netns_path's, or a new one with loopback only
   std::string netns_path;             // a namespace the node made (sandbox networks)
   std::string resolv_conf;            // host file bound at /etc/resolv.conf (read-only)
@@ -71,20 +68,6 @@ struct ContainerConfig {
   bool fncall = false;
 };
 
-// Kernel paths hidden from (masked) or read-only to sandboxed programs.
-inline constexpr const char* kMaskedPaths[] = {
-    "/proc/acpi",  "/proc/asound",      "/proc/kcore", "/proc/keys", "/proc/latency_stats", "/proc/timer_list",
-    "/proc/timer_stats", "/proc/sched_debug", "/proc/scsi", "/sys/firmware", "/sys/devices/virtual/powercap"};
-inline constexpr const char* kReadonlyPaths[] = {"/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"};
-
-inline constexpr const char* kAgentPath = "/.strata/agent";
-inline constexpr const char* kAgentSocketDir = "/.strata/run";
-inline constexpr const char* kAgentSocketName = "agent.sock";
-// The seccomp program (raw BPF) the agent loads for each command and call:
-// in a container CommandOnAgentSeccompProfile(), in a microVM the default
-// profile.
-inline constexpr const char* kCommandSeccompName = "command.bpf";
-
 // The bundle. Needs EnsureSharedMounts() to have run on this node (the
 // runtime binds config.sysfs and config.mask_dir).
 nlohmann::json OciConfig(const ContainerConfig& config);
@@ -111,21 +94,5 @@ inline constexpr const char* kSandboxDevices[] = {"null", "zero", "full", "rando
 // gone with the container's mount namespace).
 Result<std::string> MakeSandboxDev(const std::string& id, uid_t uid);
 Status RemoveSandboxDev(const std::string& id);
-
-// A default seccomp profile in OCI form: an allowlist of the system calls
-// ordinary programs use (like the Docker/Podman default), with clone limited
-// to non-namespace flags and clone3 answering ENOSYS so libc falls back.
-nlohmann::json DefaultSeccompProfile();
-// The default plus what the agent needs to give a command or a call its
-// own mount namespace (unshare, mount, mount_setattr, umount2).
-nlohmann::json AgentSeccompProfile();
-// What a command of an agent that runs under AgentSeccompProfile() loads on
-// top of it to be held to the default profile: the agent's extra calls
-// answer EPERM, as the default profile's, and everything else is left to
-// the agent's program (filters stack; the strictest answer wins), on the
-// same architectures. About 20 instructions to load instead of the
-// default's 990 (where a microVM's agent runs under no program, its
-// commands load the whole default profile).
-nlohmann::json CommandOnAgentSeccompProfile();
 
 }  // namespace strata::launcher

@@ -13,8 +13,9 @@
 //   MicroVmBackend (launcher/vm/): a jailed QEMU whose guest mounts the
 //     layers' files itself over an ext4 upper disk (vmm/).
 //
-// A full-VM back end is a third implementation; the daemon, the API and
-// the recovery do not change with it.
+// Each is listed in the node's BackendTable (below) under the names it
+// serves; a new back end (a full VM) adds its kind there, and the daemon,
+// the API and the recovery do not change with it.
 #pragma once
 
 #include <chrono>
@@ -22,12 +23,15 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "common/log.h"
+#include "common/mount.h"
 #include "common/status.h"
-#include "launcher/agent_client.h"
+#include "launcher/sandbox/agent_client.h"
 #include "launcher/net/node_network.h"
 #include "launcher/sandbox/spec.h"
 #include "launcher/sandbox/upper_store.h"
@@ -92,10 +96,88 @@ class Backend {
   virtual void Release() = 0;
 };
 
-// The back end named `name` ("container", "fncall", "microvm") of the
-// sandbox `id` whose directory is `dir`; EINVAL for another name.
-Result<std::unique_ptr<Backend>> MakeBackend(const std::string& name, const NodeConfig& node, const std::string& id,
-                                             const std::string& dir);
+// A captured upper opened for reading (packdiff): the directory, the ids
+// its files carry (the node's mapped range for a container's, the guest's
+// own for a disk image's), and what must stay mounted while it is read.
+struct OpenedUpper {
+  std::string dir;
+  uint32_t id_base = 0, id_count = 0;  // host ids id_base.. are the sandbox's 0..
+  MountPoint mount;                    // unmounted (and its directory removed) when it goes
+  OpenedUpper() = default;
+  OpenedUpper(OpenedUpper&&) = default;
+  OpenedUpper& operator=(OpenedUpper&&) = default;
+  ~OpenedUpper() { Close(); }
+  // Unmounts `mount` and removes its directory (logged, not returned: the
+  // caller has what it read by then).
+  void Close();
+};
+
+// A kind of back end as the node's table lists it: what it is called, what
+// makes one, and what generic code (the daemon, the API, the recovery) asks
+// of it instead of comparing names. Each back end's library fills in its
+// own (container/, vm/); the node composes the table (launcher/backends/).
+struct BackendKind {
+  std::string name;
+  // The back end of the sandbox `id` whose directory is `dir`.
+  std::function<std::unique_ptr<Backend>(const NodeConfig& node, const std::string& id, const std::string& dir)> make;
+  // OK when this node can run it; else why not (no guest kernel, ...).
+  std::function<Status(const NodeConfig& node)> available = [](const NodeConfig&) { return OkStatus(); };
+  // What a sandbox of `spec` takes of the node's memory capacity
+  // (--memory-capacity): 0 when it commits none of its own.
+  std::function<uint64_t(const SandboxSpec& spec)> memory_commit = [](const SandboxSpec&) { return uint64_t{0}; };
+  // Opens what CaptureUpper made, for packdiff; `scratch` is a directory
+  // path the kind may mount at (outside the sandbox's directory, which a
+  // destroy meanwhile removes). Null: the volume's upper/ as it is, with the
+  // node's mapped ids.
+  std::function<Result<OpenedUpper>(const NodeConfig& node, const UpperVolume& captured, const std::string& scratch)>
+      open_upper;
+  // Cleans up what a sandbox of this kind made beside what Sandbox removes
+  // itself (cgroups, upper volume, layers, directory), after its launcher
+  // died (SweepStaleSandboxes); `state` is its state.json. Null: nothing.
+  std::function<void(const NodeConfig& node, const std::string& id, const nlohmann::json& state)> sweep;
+  // Every exec is a call: a fresh process in fresh namespaces of one warm,
+  // read-only sandbox that the daemon shares among all sandboxes of the
+  // same stack and limits (its call pools). Such a sandbox has no upper,
+  // and its network is its pool's, fixed at create.
+  bool calls = false;
+  // Warm pools may keep ready sandboxes of this kind.
+  bool warm_pools = false;
+  // A warm pool runs one command in a sandbox it made before it counts as
+  // ready (a guest's first command pages its agent in).
+  bool warm_up = false;
+  // Runs a guest machine under the node's accelerator (NodeConfig::vm_accel),
+  // which the node's cluster record shows.
+  bool machine = false;
+};
+
+// The back ends a node offers, by name. Filled once at start; read-only
+// (and so safe to share between threads) after.
+class BackendTable {
+ public:
+  // EEXIST for a name already there.
+  Status Add(BackendKind kind);
+  // The kind named `name`, or EINVAL naming the ones there are.
+  Result<const BackendKind*> Find(std::string_view name) const;
+  // Every name, in the order added.
+  std::vector<std::string> Names() const;
+  void ForEach(const std::function<void(const BackendKind&)>& f) const {
+    for (const auto& k : kinds_) f(k);
+  }
+  // The names of those `node` can run now (BackendKind::available).
+  std::vector<std::string> Available(const NodeConfig& node) const;
+
+ private:
+  std::vector<BackendKind> kinds_;
+};
+
+// Runs the sweep of the kind that `state` (a state.json, or null when it is
+// lost) names, or of every kind when it names none the node knows: what a
+// dead launcher's sandbox `id` left beside the generic parts.
+void SweepBackend(const NodeConfig& node, const std::string& id, const nlohmann::json& state);
+
+// What a sandbox of `spec` takes of the node's memory capacity: its kind's
+// memory_commit (0 for a name the node does not offer).
+uint64_t MemoryCommit(const NodeConfig& node, const SandboxSpec& spec);
 
 // Logs how long each step of a sandbox's life took (STRATA_LOG=debug).
 class StepTimer {

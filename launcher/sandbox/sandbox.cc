@@ -10,7 +10,6 @@
 #include <chrono>
 #include <fstream>
 #include <mutex>
-#include <random>
 #include <thread>
 
 #include "common/fs.h"
@@ -18,11 +17,10 @@
 #include "common/mount.h"
 #include "common/strings.h"
 #include "common/subprocess.h"
-#include "launcher/container/container_backend.h"
-#include "launcher/container/oci_config.h"
 #include "launcher/sandbox/backend.h"
+#include "launcher/protocol/layout.h"
+#include "launcher/sandbox/ids.h"
 #include "launcher/sandbox/seccomp.h"
-#include "launcher/vm/microvm_backend.h"
 #include "lazyfs/client.h"
 
 namespace strata::launcher {
@@ -47,33 +45,6 @@ json SpecState(const SandboxSpec& spec) {
 }
 
 }  // namespace
-
-std::string NewSandboxId(std::string_view node) {
-  static std::mt19937_64 rng{(static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}() ^
-                             static_cast<uint64_t>(::getpid())};
-  static std::mutex mu;
-  std::lock_guard lock(mu);
-  char buf[16];
-  std::snprintf(buf, sizeof buf, "%012llx", static_cast<unsigned long long>(rng() & 0xffffffffffffULL));
-  return node.empty() ? StrCat("sb-", buf) : StrCat("sb-", node, "-", buf);
-}
-
-std::string SandboxIdNode(std::string_view id) {
-  if (!id.starts_with("sb-")) return "";
-  id.remove_prefix(3);
-  const size_t dash = id.rfind('-');
-  if (dash == std::string_view::npos || dash == 0 || id.size() - dash - 1 != 12) return "";
-  return std::string(id.substr(0, dash));
-}
-
-Status CheckNodeName(std::string_view name) {
-  auto fine = [](char c) { return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-'; };
-  if (name.empty() || name.size() > 20 || name.front() == '-' || name.back() == '-' ||
-      !std::all_of(name.begin(), name.end(), fine)) {
-    return Error(EINVAL, "node name " + Quote(name) + ": 1 to 20 of a-z, 0-9 and '-' (not first or last)");
-  }
-  return OkStatus();
-}
 
 namespace {
 
@@ -131,6 +102,11 @@ void KillRuntimeStragglers(const std::string& bundle) {
 }
 
 namespace {
+
+Result<const BackendKind*> FindBackend(const NodeConfig& node, const std::string& name) {
+  if (!node.backends) return Error(ENOTSUP, "backend " + Quote(name) + ": this launcher offers no back ends");
+  return node.backends->Find(name);
+}
 
 Status ReleaseLayers(lazyfs::Client& client, const std::string& holder, const std::vector<Digest128>& digests) {
   json list = json::array();
@@ -192,13 +168,6 @@ NodeConfig NodeConfig::FromEnvironment() {
 }
 
 
-Result<std::unique_ptr<Backend>> MakeBackend(const std::string& name, const NodeConfig& node, const std::string& id,
-                                             const std::string& dir) {
-  if (name == "container" || name == "fncall") return std::unique_ptr<Backend>(new ContainerBackend(node, id, dir, name == "fncall"));
-  if (name == "microvm") return std::unique_ptr<Backend>(new MicroVmBackend(node, id, dir));
-  return Error(EINVAL, "backend " + Quote(name) + ": not one of container, fncall, microvm");
-}
-
 Result<std::string> CommandSeccompProgram(const NodeConfig& node, bool agent_filtered) {
   STRATA_ASSIGN_OR_RETURN(std::string bpf64, CompiledSeccompBase64(agent_filtered ? CommandOnAgentSeccompProfile() : DefaultSeccompProfile(),
                                                                    JoinPath(Dirname(node.run_dir), "seccomp")));
@@ -235,7 +204,8 @@ Status Sandbox::Start(const SandboxSpec& spec) {
   if (node_.agent_binary.empty()) {
     return Error(ENOENT, "find strata-agent: not beside the launcher nor in /usr/local/lib/strata (set STRATA_AGENT)");
   }
-  STRATA_ASSIGN_OR_RETURN(backend_, MakeBackend(spec.backend, node_, id_, dir_));
+  STRATA_ASSIGN_OR_RETURN(kind_, FindBackend(node_, spec.backend));
+  backend_ = kind_->make(node_, id_, dir_);
   STRATA_RETURN_IF_ERROR(MakeDirs(dir_ + "/agent", 0711));
   // Who owns the sandbox: a sweep removes it once this process is gone
   // (unless a daemon manages it), and a restarted daemon re-adopts it.
@@ -298,7 +268,7 @@ Status Sandbox::Start(const SandboxSpec& spec) {
 }
 
 void Sandbox::FillDefaults(ExecRequest& request) const {
-  request.isolate = spec_.backend == "fncall";
+  request.isolate = kind_ && kind_->calls;
   // A call of a pool with a network of its own keeps it (the policy is
   // the pool's); otherwise each call gets loopback only.
   request.isolate_network = spec_.network.mode == NetMode::kNone;
@@ -401,12 +371,13 @@ Result<std::unique_ptr<Sandbox>> Sandbox::Adopt(const std::string& id, const Nod
   sb->paused_ = state.value("paused", false);
   const json spec = state.value("spec", json::object());
   sb->spec_.layers = spec.value("layers", std::vector<std::string>{});
-  sb->spec_.backend = spec.value("backend", std::string("container"));
+  sb->spec_.backend = spec.value("backend", std::string(kDefaultBackend));
   // Made first: whatever fails below leaves a sandbox whose destructor
   // stops what the back end runs (a QEMU in the sandbox's cgroups too).
-  auto backend = MakeBackend(sb->spec_.backend, node, id, sb->dir_);
-  if (!backend.ok()) return backend.status().Annotate("adopt sandbox " + id);
-  sb->backend_ = std::move(*backend);
+  auto kind = FindBackend(node, sb->spec_.backend);
+  if (!kind.ok()) return kind.status().Annotate("adopt sandbox " + id);
+  sb->kind_ = *kind;
+  sb->backend_ = sb->kind_->make(node, id, sb->dir_);
   sb->spec_.limits.cpus = spec.value("cpus", 0.0);
   sb->spec_.limits.memory = spec.value("memory", uint64_t{0});
   sb->spec_.limits.pids = spec.value("pids", int64_t{0});
@@ -540,7 +511,7 @@ json Sandbox::NetworkInfo() const {
 
 Status Sandbox::SetNetwork(const NetPolicy& policy) {
   if (policy.mode == NetMode::kHost) return Error(EINVAL, "network: a live sandbox cannot change to the host's network");
-  if (spec_.backend == "fncall") {
+  if (kind_ && kind_->calls) {
     return Error(EBADSLT, "network of " + id_ + ": a function-call sandbox's policy is its pool's, fixed at create");
   }
   if (!net_ || !node_.network) {
@@ -573,11 +544,10 @@ Status SweepStaleSandboxes(const NodeConfig& node) {
     // The daemon's sandboxes outlive a daemon restart; it re-adopts them.
     if (state.is_object() && state.value("managed", false) && !node.managed) continue;
     STRATA_LOG(kWarn) << "cleaning up sandbox " << id << " whose launcher (pid " << owner << ") is gone";
-    std::string runtime = state.is_object() ? state.value("runtime", node.runtime) : node.runtime;
-    RunCommand({.argv = {runtime, "delete", "--force", id}, .timeout = std::chrono::seconds(10)}).status().IgnoreError();
+    // What its kind made beside the generic parts (a container's runtime
+    // state, /dev and root); every kind's when the state does not say.
+    SweepBackend(node, id, state);
     RemoveSandboxCgroups(state.is_object() ? state.value("cgroup", node.cgroup_parent + "/" + id) : node.cgroup_parent + "/" + id);
-    RemoveSandboxDev(id).IgnoreError();
-    if (IsMountPoint(path + "/rootfs")) MountPoint::Adopt(path + "/rootfs").Unmount().IgnoreError();
     auto uppers = UpperStore::Open(state.is_object() ? state.value("uppers", node.uppers) : node.uppers);
     if (uppers.ok()) {
       auto volume = uppers->Adopt(id);

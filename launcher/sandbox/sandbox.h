@@ -14,14 +14,16 @@
 #include <vector>
 
 #include "cache/catalog.h"
-#include "launcher/agent_client.h"
+#include "launcher/sandbox/agent_client.h"
 #include "launcher/net/node_network.h"
+#include "launcher/sandbox/ids.h"
 #include "launcher/sandbox/spec.h"
 #include "launcher/sandbox/upper_store.h"
 
 namespace strata::launcher {
 
 class Backend;
+struct BackendKind;
 
 class Sandbox {
  public:
@@ -60,6 +62,8 @@ class Sandbox {
   // id, backend, layers, limits, state, created: what `ls` and the API show.
   nlohmann::json Info() const;
   const SandboxSpec& spec() const { return spec_; }
+  // What kind of back end runs it (its entry in the node's table).
+  const BackendKind& kind() const { return *kind_; }
   const std::string& dir() const { return dir_; }
   const NodeConfig& node() const { return node_; }
   // The network policy, with address and counters when it has an interface.
@@ -107,20 +111,12 @@ class Sandbox {
   std::vector<cache::StackLayer> stack_;
   std::vector<Digest128> held_;       // layers acquired from lazyfs
   std::optional<SandboxNet> net_;     // an interface of its own (allow, open)
+  const BackendKind* kind_ = nullptr;  // in node_.backends
   std::unique_ptr<Backend> backend_;  // what runs the root
   std::unique_ptr<AgentClient> agent_;
   bool destroyed_ = false;
   std::atomic<int> agent_version_{0};  // its ping's, once asked
 };
-
-// A new random sandbox id: "sb-" and 12 hex digits, or with a node name
-// "sb-<node>-" and 12 hex digits.
-std::string NewSandboxId(std::string_view node = {});
-// The node a sandbox id names ("" for an id without one, or not an id).
-std::string SandboxIdNode(std::string_view id);
-// Whether `name` may be a node name: 1-20 of a-z, 0-9 and '-', starting
-// with a letter or digit (sandbox ids and their socket paths stay short).
-Status CheckNodeName(std::string_view name);
 
 // Cleans up after sandboxes whose launcher died (kill -9, power loss):
 // every sandbox directory whose owner process is gone.

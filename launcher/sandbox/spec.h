@@ -9,13 +9,17 @@
 #include <vector>
 
 #include "common/idmap.h"
-#include "launcher/agent/file_rules.h"
-#include "launcher/container/oci_config.h"
+#include "launcher/protocol/file_rules.h"
 #include "launcher/net/node_network.h"
 #include "launcher/net/policy.h"
 #include "launcher/sandbox/upper_store.h"
 
 namespace strata::launcher {
+
+class BackendTable;
+
+// The back end of a sandbox whose create names none (the API's default).
+inline constexpr const char* kDefaultBackend = "container";
 
 // Node-wide settings (not per sandbox).
 struct NodeConfig {
@@ -52,18 +56,28 @@ struct NodeConfig {
   // shape seen before resumes from a saved state instead of booting. 0: off
   // (STRATA_VM_TEMPLATES, `serve --vm-templates`).
   size_t vm_templates = 8;
+  // The back ends this node offers (launcher/backends/ composes them);
+  // null: none, and every create fails saying so.
+  std::shared_ptr<const BackendTable> backends;
 
   // Fills the defaults that depend on the environment (STRATA_* variables,
   // the agent's location).
   static NodeConfig FromEnvironment();
 };
 
+// What a sandbox may use (each back end enforces it its own way).
+struct SandboxLimits {
+  double cpus = 0;          // CPU quota in cores; 0: none. Shares follow it (oversold CPU)
+  uint64_t memory = 0;      // bytes; 0: none (swap is never allowed beyond it)
+  int64_t pids = 0;         // 0: none
+};
+
 struct SandboxSpec {
   std::string id;                   // empty: a new random "sb-..." id
   std::vector<std::string> layers;  // REFs, bottom first
-  std::string backend = "container";  // or "fncall", "microvm"
+  std::string backend = kDefaultBackend;  // a name of the node's BackendTable
   std::string store;                // empty: $STRATA_STORE or the default
-  ContainerLimits limits;
+  SandboxLimits limits;
   uint64_t disk = uint64_t{10} << 30;
   NetPolicy network;                // none (loopback only), allow, open, host
   std::vector<std::string> env;     // for commands
@@ -76,19 +90,5 @@ struct SandboxSpec {
   // The default of its execs' kill_leftovers.
   bool kill_leftovers = false;
 };
-
-// Guest RAM when --memory is not given.
-inline constexpr uint64_t kDefaultVmMemory = uint64_t{256} << 20;
-
-// What a microVM takes beside its guest RAM (QEMU; vmm::QemuOverhead under TCG).
-inline constexpr uint64_t kVmOverheadCommit = uint64_t{160} << 20;
-
-// What a container sandbox of `spec` takes of the node's memory capacity:
-// its cgroup's limit, the memory limit and the agent's reserve beside it;
-// none without a limit (and none for a function call, whose pool holds it).
-inline uint64_t MemoryCommit(const SandboxSpec& spec) {
-  if (spec.backend == "microvm") return (spec.limits.memory ? spec.limits.memory : kDefaultVmMemory) + kVmOverheadCommit;
-  return spec.limits.memory > 0 && spec.backend == "container" ? spec.limits.memory + kAgentReserveMemory : 0;
-}
 
 }  // namespace strata::launcher

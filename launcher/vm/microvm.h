@@ -11,11 +11,17 @@
 #include <vector>
 
 #include "common/mount.h"
-#include "common/stream_mux.h"
+#include "launcher/protocol/stream_mux.h"
 #include "common/unique_fd.h"
 #include "vmm/hypervisor.h"
 
 namespace strata::launcher {
+
+// Guest RAM when --memory is not given.
+inline constexpr uint64_t kDefaultVmMemory = uint64_t{256} << 20;
+// What a microVM takes beside its guest RAM (QEMU; vmm::QemuOverhead under TCG).
+inline constexpr uint64_t kVmOverheadCommit = uint64_t{160} << 20;
+
 
 // A layer as the guest gets it: its two files on lazyfs's node-wide mount.
 struct VmLayer {

@@ -1,13 +1,17 @@
 // MicroVmBackend: upper disk, guest, boot.
 #include "launcher/vm/microvm_backend.h"
 
+#include <unistd.h>
+
 #include <cmath>
+#include <memory>
 #include <thread>
 
 #include "common/crypto.h"
 #include "common/log.h"
 #include "common/strings.h"
-#include "launcher/container/oci_config.h"
+#include "launcher/protocol/layout.h"
+#include "launcher/sandbox/seccomp.h"
 #include "launcher/net/netns.h"
 #include "launcher/net/policy.h"
 #include "launcher/vm/vm_templates.h"
@@ -16,6 +20,36 @@
 namespace strata::launcher {
 
 using nlohmann::json;
+
+Status AddMicroVmBackend(BackendTable& table) {
+  return table.Add({
+      .name = "microvm",
+      .make = [](const NodeConfig& node, const std::string& id, const std::string& dir) -> std::unique_ptr<Backend> {
+        return std::make_unique<MicroVmBackend>(node, id, dir);
+      },
+      .available = [](const NodeConfig& node) -> Status {
+        if (::access(node.vm_kernel.c_str(), R_OK) != 0) return ErrnoError(errno, "microvm: guest kernel " + node.vm_kernel);
+        if (node.jail_binary.empty()) return Error(ENOENT, "microvm: no strata-jail beside the launcher (set STRATA_JAIL)");
+        return OkStatus();
+      },
+      .memory_commit = [](const SandboxSpec& spec) {
+        return (spec.limits.memory ? spec.limits.memory : kDefaultVmMemory) + kVmOverheadCommit;
+      },
+      // The upper is inside the guest's disk image, with the guest's own ids.
+      .open_upper = [](const NodeConfig&, const UpperVolume& captured, const std::string& scratch) -> Result<OpenedUpper> {
+        STRATA_ASSIGN_OR_RETURN(MountPoint disk, MountVmDisk(captured.path() + "/disk.img", scratch));
+        OpenedUpper opened;
+        opened.dir = disk.target() + "/upper";
+        opened.id_base = 0;
+        opened.id_count = 65536;
+        opened.mount = std::move(disk);
+        return opened;
+      },
+      .warm_pools = true,
+      .warm_up = true,
+      .machine = true,
+  });
+}
 
 MicroVmBackend::MicroVmBackend(NodeConfig node, std::string id, std::string dir)
     : node_(std::move(node)), id_(std::move(id)), dir_(std::move(dir)) {}

@@ -15,6 +15,9 @@
 
 namespace strata::launcher {
 
+// Adds "microvm" to the node's table.
+Status AddMicroVmBackend(BackendTable& table);
+
 class MicroVmBackend : public Backend {
  public:
   MicroVmBackend(NodeConfig node, std::string id, std::string dir);

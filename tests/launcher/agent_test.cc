@@ -8,7 +8,7 @@
 #include "common/fs.h"
 #include "common/subprocess.h"
 #include "common/unix_socket.h"
-#include "launcher/agent_client.h"
+#include "launcher/sandbox/agent_client.h"
 #include "tests/testing/test_util.h"
 
 namespace strata::launcher {

@@ -10,7 +10,7 @@
 #include <regex>
 
 #include "common/crypto.h"
-#include "launcher/agent/protocol.h"
+#include "launcher/protocol/protocol.h"
 #include "launcher/api/client.h"
 #include "tests/launcher/fixture.h"
 

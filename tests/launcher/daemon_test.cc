@@ -8,7 +8,7 @@
 #include <future>
 #include <mutex>
 
-#include "common/http_server.h"
+#include "launcher/front/http_server.h"
 #include "common/lmdb.h"
 #include "common/mount.h"
 #include "launcher/api/client.h"

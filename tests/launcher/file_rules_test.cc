@@ -3,7 +3,7 @@
 #include <sys/stat.h>
 
 #include "common/fs.h"
-#include "launcher/agent/file_rules.h"
+#include "launcher/protocol/file_rules.h"
 #include "tests/launcher/file_attack.h"
 #include "tests/launcher/fixture.h"
 

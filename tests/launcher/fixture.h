@@ -25,6 +25,7 @@
 #include "common/fs.h"
 #include "common/strings.h"
 #include "common/subprocess.h"
+#include "launcher/backends/node_backends.h"
 #include "launcher/api/client.h"
 #include "launcher/sandbox/sandbox.h"
 #include "launcher/sandbox/upper_store.h"
@@ -92,7 +93,7 @@ class SandboxTest : public ::testing::Test {
       }
     }
     for (const char* c : kControllers) ::rmdir(StrCat("/sys/fs/cgroup/", c, "/", cgroup_parent_).c_str());
-    // The daemon's own (launcher/node_cgroup.h), empty once it and its lazyfs are gone.
+    // The daemon's own (launcher/node/node_cgroup.h), empty once it and its lazyfs are gone.
     const std::string node_cgroup = StrCat("/sys/fs/cgroup/cpu/", cgroup_parent_, "-node");
     const int removed = ::rmdir(node_cgroup.c_str()) == 0 ? 0 : errno;
     EXPECT_TRUE(removed == 0 || removed == ENOENT) << node_cgroup << ": " << std::strerror(removed);
@@ -103,6 +104,7 @@ class SandboxTest : public ::testing::Test {
 
   NodeConfig Node() const {
     NodeConfig node = NodeConfig::FromEnvironment();
+    node.backends = NodeBackends();
     node.run_dir = dir_.Sub("run");
     node.lazyfs_socket = dir_.Sub("lazyfs.sock");
     node.cache_dir = dir_.Sub("cache");

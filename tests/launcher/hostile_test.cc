@@ -7,7 +7,8 @@
 #include <future>
 
 #include "common/fs.h"
-#include "launcher/node_cgroup.h"
+#include "launcher/container/oci_config.h"
+#include "launcher/node/node_cgroup.h"
 #include "lazyfs/client.h"
 #include "tests/launcher/fixture.h"
 

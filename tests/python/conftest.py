@@ -124,7 +124,7 @@ class Node:
             time.sleep(0.01)
         for d in [f"/sys/fs/cgroup/{c}/{self.cgroup}" for c in CONTROLLERS] + [f"/sys/fs/cgroup/cpu/{self.cgroup}-node"]:
             try:
-                os.rmdir(d)  # (the last: the daemon's own, launcher/node_cgroup.h)
+                os.rmdir(d)  # (the last: the daemon's own, launcher/node/node_cgroup.h)
             except OSError:
                 pass
         try:

@@ -1,6 +1,6 @@
 // StreamMux: a host mux and a guest mux over a socketpair, with clients on a
 // real unix listener and a serving thread per guest-side stream.
-#include "common/stream_mux.h"
+#include "launcher/protocol/stream_mux.h"
 
 #include <fcntl.h>
 #include <gtest/gtest.h>

@@ -1,4 +1,4 @@
-#include "launcher/agent/file_rules.h"
+#include "launcher/protocol/file_rules.h"
 
 #include <algorithm>
 

@@ -1,5 +1,5 @@
 // AgentClient: requests over the agent's unix socket.
-#include "launcher/agent_client.h"
+#include "launcher/sandbox/agent_client.h"
 
 #include <poll.h>
 #include <sys/socket.h>

@@ -14,8 +14,8 @@
 #include "common/status.h"
 #include "common/unique_fd.h"
 #include "common/units.h"
-#include "launcher/agent/file_rules.h"
-#include "launcher/agent/protocol.h"
+#include "launcher/protocol/file_rules.h"
+#include "launcher/protocol/protocol.h"
 
 namespace strata::launcher {
 

@@ -11,7 +11,7 @@
 // for too long. It does that on a duplicate of the descriptor, which stays
 // ours until libmicrohttpd says the connection closed, so it can never hit
 // a reused descriptor.
-#include "common/http_server.h"
+#include "launcher/front/http_server.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>

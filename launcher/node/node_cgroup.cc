@@ -1,4 +1,4 @@
-#include "launcher/node_cgroup.h"
+#include "launcher/node/node_cgroup.h"
 
 #include <fcntl.h>
 #include <unistd.h>

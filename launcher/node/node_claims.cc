@@ -1,5 +1,5 @@
 // Lock files that keep two daemons of one host off each other's settings.
-#include "launcher/node_claims.h"
+#include "launcher/node/node_claims.h"
 
 #include <fcntl.h>
 #include <stdlib.h>

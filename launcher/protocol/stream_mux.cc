@@ -1,5 +1,5 @@
 // StreamMux: many byte streams over one channel, in one poll() loop.
-#include "common/stream_mux.h"
+#include "launcher/protocol/stream_mux.h"
 
 #include <fcntl.h>
 #include <poll.h>

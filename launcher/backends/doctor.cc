@@ -1,6 +1,6 @@
 // launcher doctor: FUSE, overlayfs, EROFS (file-backed, idmapped), crun and
 // cgroups, seccomp, user namespaces, the uppers filesystem.
-#include "launcher/doctor.h"
+#include "launcher/backends/doctor.h"
 
 #include <linux/landlock.h>
 #include <sys/mount.h>

@@ -1,5 +1,5 @@
 // SandboxManager: the daemon's sandboxes and their registry.
-#include "launcher/manager.h"
+#include "launcher/node/manager.h"
 
 #include <dirent.h>
 #include <signal.h>
@@ -16,9 +16,7 @@
 #include "common/log.h"
 #include "common/strings.h"
 #include "common/subprocess.h"
-#include "launcher/container/oci_config.h"
 #include "launcher/sandbox/backend.h"
-#include "launcher/vm/microvm.h"
 #include "lazyfs/client.h"
 #include "packdiff/packdiff.h"
 
@@ -71,11 +69,6 @@ Result<SandboxSpec> WarmSpecFromJson(const json& j) {
   STRATA_ASSIGN_OR_RETURN(spec.network, NetPolicy::FromJson(j.value("network", json())));
   return spec;
 }
-
-// The back ends a warm pool keeps ready sandboxes of. (A microVM's guest
-// has booted with the pool's disks; a take gives it the create's id, env,
-// workdir and file rules, as for a container.)
-bool Pooled(const std::string& backend) { return backend == "container" || backend == "microvm"; }
 
 constexpr int kWarmFillers = 2;     // sandboxes made at once for pools
 constexpr int kWarmMaxSize = 4096;
@@ -177,7 +170,7 @@ json SandboxManager::Entry::Info() const {
   }
   json info = pool->warm->Info();
   info["id"] = id;
-  info["backend"] = "fncall";
+  info["backend"] = spec.backend;
   info["state"] = "running";
   info["pool"] = pool->warm->id();
   info["created"] = created;
@@ -342,7 +335,7 @@ Status SandboxManager::Recover() {
       warm_[pool->key] = pool;
       continue;
     }
-    if (record.is_object() && record.value("backend", "") == "fncall") {
+    if (record.is_object() && KindOf(record.value("backend", "")) && KindOf(record.value("backend", ""))->calls) {
       std::shared_ptr<Pool> pool;
       for (auto& [key, p] : pools_) {
         if (p->warm->id() == record.value("pool", "")) pool = p;
@@ -367,7 +360,7 @@ Status SandboxManager::Recover() {
           continue;
         }
         entry->spec.files = std::move(*files);
-        entry->spec.backend = "fncall";
+        entry->spec.backend = record.value("backend", "");
         ++pool->users;
         sandboxes_[id] = entry;
         ++recovery_.adopted;
@@ -412,7 +405,7 @@ Status SandboxManager::Recover() {
       auto entry = std::make_shared<Entry>();
       entry->id = id;
       entry->warm_pool = record.value("warm", "");
-      entry->memory_commit = MemoryCommit((*sandbox)->spec());
+      entry->memory_commit = MemoryCommit(node_, (*sandbox)->spec());
       entry->owner = record.value("owner", "");
       entry->ttl = record.value("ttl", int64_t{0});
       entry->last_call_ms = NowMs();
@@ -431,8 +424,7 @@ Status SandboxManager::Recover() {
       Status s = (*sandbox)->Destroy();
       if (!s.ok()) STRATA_LOG(kWarn) << "remove sandbox " << id << ": " << s.ToString();
     } else {
-      RunCommand({.argv = {node_.runtime, "delete", "--force", internal}, .timeout = std::chrono::seconds(10)}).status().IgnoreError();
-      RemoveSandboxDev(internal).IgnoreError();
+      SweepBackend(node_, internal, nlohmann::json());  // (every kind's: its state is lost)
       RemoveSandboxCgroups(node_.cgroup_parent + "/" + internal);  // (and whatever runs there: a microVM's QEMU)
       if (auto uppers = UpperStore::Open(node_.uppers); uppers.ok()) {
         if (auto v = uppers->Adopt(internal); v.ok()) v->Destroy().IgnoreError();
@@ -579,7 +571,7 @@ Result<json> SandboxManager::CreateCall(SandboxSpec spec, const std::string& own
   entry->owner = owner;
   entry->ttl = spec.ttl_seconds;
   entry->last_call_ms = NowMs();
-  Status s = Record(entry->id, {{"status", "running"}, {"backend", "fncall"}, {"pool", pool->warm->id()},
+  Status s = Record(entry->id, {{"status", "running"}, {"backend", spec.backend}, {"pool", pool->warm->id()},
                                 {"created", entry->created}, {"spec", CallSpecJson(spec)}, {"owner", owner},
                                 {"ttl", spec.ttl_seconds}});
   if (!s.ok()) {
@@ -597,7 +589,7 @@ Result<json> SandboxManager::CreateCall(SandboxSpec spec, const std::string& own
 
 Result<json> SandboxManager::Create(SandboxSpec spec, const std::string& owner) {
   if (!spec.id.empty() && Exists(spec.id)) return Error(EEXIST, StrCat("sandbox ", spec.id, " exists"));
-  if (spec.backend == "fncall") return CreateCall(std::move(spec), owner);
+  if (const BackendKind* kind = KindOf(spec.backend); kind && kind->calls) return CreateCall(std::move(spec), owner);
   if (spec.id.empty()) spec.id = NewSandboxId(node_.name);
   STRATA_ASSIGN_OR_RETURN(auto taken, TakeWarm(spec, owner));
   if (taken) return std::move(*taken);
@@ -619,7 +611,7 @@ Result<json> SandboxManager::Create(SandboxSpec spec, const std::string& owner) 
   }
   auto entry = std::make_shared<Entry>();
   entry->id = id;
-  entry->memory_commit = MemoryCommit(spec);
+  entry->memory_commit = MemoryCommit(node_, spec);
   entry->owner = owner;
   entry->ttl = spec.ttl_seconds;
   entry->last_call_ms = NowMs();
@@ -670,10 +662,27 @@ void SandboxManager::SetWarmAdmission(std::function<WarmVerdict(size_t)> admit) 
   warm_cv_.notify_all();
 }
 
+const BackendKind* SandboxManager::KindOf(const std::string& backend) const {
+  if (!node_.backends) return nullptr;
+  auto kind = node_.backends->Find(backend);
+  return kind.ok() ? *kind : nullptr;
+}
+
+bool SandboxManager::Pooled(const std::string& backend) const {
+  const BackendKind* kind = KindOf(backend);
+  return kind && kind->warm_pools;
+}
+
 Result<json> SandboxManager::SetWarmPool(SandboxSpec spec, int size) {
   if (!Pooled(spec.backend)) {
-    return Error(EINVAL, StrCat("warm pool: back end ", Quote(spec.backend), " is not pooled (container and microvm are; "
-                                "function calls share one warm sandbox already)"));
+    std::vector<std::string> pooled;
+    if (node_.backends) {
+      node_.backends->ForEach([&](const BackendKind& k) {
+        if (k.warm_pools) pooled.push_back(k.name);
+      });
+    }
+    return Error(EINVAL, StrCat("warm pool: back end ", Quote(spec.backend), " is not pooled (", Join(pooled, " and "),
+                                " are; function calls share one warm sandbox already)"));
   }
   if (spec.layers.empty()) return Error(EINVAL, "warm pool: no layers");
   if (size < 0 || size > kWarmMaxSize) return Error(EINVAL, StrCat("warm pool: size must be from 0 to ", kWarmMaxSize));
@@ -770,7 +779,7 @@ Result<std::optional<json>> SandboxManager::TakeWarm(const SandboxSpec& spec, co
   auto entry = std::make_shared<Entry>();
   entry->id = spec.id;
   entry->warm_pool = pool->name;
-  entry->memory_commit = MemoryCommit(sb->spec());
+  entry->memory_commit = MemoryCommit(node_, sb->spec());
   entry->owner = owner;
   entry->ttl = spec.ttl_seconds;
   entry->last_call_ms = NowMs();
@@ -860,8 +869,8 @@ void SandboxManager::FillWarm() {
       auto sb = Sandbox::Create(spec, node_);
       if (sb.ok()) {
         made = std::move(*sb);
-        if (spec.backend == "microvm" && !WarmUpGuest(*made)) {
-          s = Error(EHOSTDOWN, StrCat("microVM ", spec.id, ": the guest stopped answering its warm-up command"));
+        if (made->kind().warm_up && !WarmUpGuest(*made)) {
+          s = Error(EHOSTDOWN, StrCat("sandbox ", spec.id, ": it stopped answering its warm-up command"));
         } else {
           s = Record(spec.id, {{"status", "running"}, {"kind", "warm"}, {"pool", pool->name}});
         }
@@ -1170,12 +1179,12 @@ Result<json> SandboxManager::Snapshot(const std::string& id, const std::string& 
   std::optional<UpperVolume> snapshot;
   std::vector<std::string> parents;
   std::string store_url;
-  bool microvm = false;
+  const BackendKind* kind = nullptr;
   const auto start = std::chrono::steady_clock::now();
   {
     std::lock_guard lock(entry->mu);
     STRATA_ASSIGN_OR_RETURN(auto sb, Container(*entry, "snapshot"));
-    microvm = sb->spec().backend == "microvm";
+    kind = &sb->kind();
     STRATA_ASSIGN_OR_RETURN(UpperVolume captured, sb->CaptureUpper());
     snapshot.emplace(std::move(captured));
     for (const auto& layer : sb->layers()) parents.push_back(layer.digest.Hex());
@@ -1194,30 +1203,26 @@ Result<json> SandboxManager::Snapshot(const std::string& id, const std::string& 
   const double frozen_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   STRATA_ASSIGN_OR_RETURN(auto store, cache::OpenStore(store_url));
   cache::Catalog catalog(store);
-  // A container's upper is a directory with the node's mapped ids; a
-  // microVM's is inside its disk image, with the guest's own ids.
-  std::string upper = snapshot->upper();
-  packdiff::IdShift shift{node_.idmap.host, node_.idmap.size};
-  MountPoint disk;
-  if (microvm) {
+  // A container's upper is a directory with the node's mapped ids; other
+  // kinds open theirs (a microVM's is inside its disk image, with the
+  // guest's own ids).
+  OpenedUpper opened;
+  opened.dir = snapshot->upper();
+  opened.id_base = node_.idmap.host;
+  opened.id_count = node_.idmap.size;
+  if (kind->open_upper) {
     // (Not in the sandbox's directory: a destroy meanwhile removes that.)
-    auto mounted = MountVmDisk(snapshot->path() + "/disk.img", StrCat(node_.run_dir, "/.snapshot-mounts/", id, "-", snapshot_seq_++));
-    if (!mounted.ok()) {
+    auto o = kind->open_upper(node_, *snapshot, StrCat(node_.run_dir, "/.snapshot-mounts/", id, "-", snapshot_seq_++));
+    if (!o.ok()) {
       snapshot->Destroy().IgnoreError();
-      return mounted.status().Annotate(StrCat("snapshot sandbox ", id));
+      return o.status().Annotate(StrCat("snapshot sandbox ", id));
     }
-    disk = std::move(*mounted);
-    upper = disk.target() + "/upper";
-    shift = packdiff::IdShift{0, 65536};
+    opened = std::move(*o);
   }
-  auto report = packdiff::PackUpper({.upper = upper, .parents = parents, .tag = ref, .excludes = std::move(excludes), .id_shift = shift},
+  auto report = packdiff::PackUpper({.upper = opened.dir, .parents = parents, .tag = ref, .excludes = std::move(excludes),
+                                     .id_shift = packdiff::IdShift{opened.id_base, opened.id_count}},
                                     catalog);
-  if (disk.mounted()) {
-    const std::string at = disk.target();
-    Status unmounted = disk.Unmount();
-    if (!unmounted.ok()) STRATA_LOG(kWarn) << "snapshot of " << id << ": " << unmounted.ToString();
-    ::rmdir(at.c_str());
-  }
+  opened.Close();  // (before the volume goes)
   Status removed = snapshot->Destroy();
   if (!report.ok()) return report.status().Annotate(StrCat("snapshot sandbox ", id));
   if (!removed.ok()) STRATA_LOG(kWarn) << "snapshot of " << id << ": " << removed.ToString();
@@ -1284,10 +1289,10 @@ uint64_t SandboxManager::CommittedMemory() {
   }
   {
     std::lock_guard lock(pools_mu_);
-    for (auto& [key, p] : pools_) sum += MemoryCommit(p->warm->spec());
+    for (auto& [key, p] : pools_) sum += MemoryCommit(node_, p->warm->spec());
   }
   std::lock_guard lock(warm_mu_);
-  for (auto& [key, p] : warm_) sum += (p->ready.size() + static_cast<size_t>(p->filling)) * MemoryCommit(p->spec);
+  for (auto& [key, p] : warm_) sum += (p->ready.size() + static_cast<size_t>(p->filling)) * MemoryCommit(node_, p->spec);
   return sum;
 }
 
@@ -1295,7 +1300,7 @@ uint64_t SandboxManager::WarmFillCommit() {
   uint64_t most = 0;
   std::lock_guard lock(warm_mu_);
   for (auto& [key, p] : warm_) {
-    if (static_cast<int>(p->ready.size()) + p->filling < p->size) most = std::max(most, MemoryCommit(p->spec));
+    if (static_cast<int>(p->ready.size()) + p->filling < p->size) most = std::max(most, MemoryCommit(node_, p->spec));
   }
   return most;
 }

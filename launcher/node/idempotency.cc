@@ -1,5 +1,5 @@
 // IdempotencyKeys over the registry's "keys" database.
-#include "launcher/api/idempotency.h"
+#include "launcher/node/idempotency.h"
 
 #include <ctime>
 

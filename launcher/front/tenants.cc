@@ -1,5 +1,5 @@
 // Tenants: the tokens file, authentication and creation rates.
-#include "launcher/api/tenants.h"
+#include "launcher/front/tenants.h"
 
 #include <strings.h>
 

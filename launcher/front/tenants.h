@@ -16,6 +16,11 @@
 
 namespace strata::launcher {
 
+// The header a gateway's call names its caller's tenant in (lowercase, as
+// HttpServer gives request headers).
+inline constexpr const char* kTenantHeader = "x-strata-tenant";
+
+
 struct TenantLimits {
   int64_t max_sandboxes = 0;        // at once; 0: no limit
   double creates_per_second = 0;    // sustained; bursts of up to max(1, rate); 0: no limit

@@ -20,7 +20,8 @@
 #include <nlohmann/json.hpp>
 
 #include "common/lmdb.h"
-#include "launcher/api/idempotency.h"
+#include "launcher/node/idempotency.h"
+#include "launcher/sandbox/backend.h"
 #include "launcher/sandbox/sandbox.h"
 
 namespace strata::launcher {
@@ -182,6 +183,11 @@ class SandboxManager {
 
   SandboxManager(NodeConfig node) : node_(std::move(node)) {}
   Status Recover();
+  // The node's kind of back end named `backend`; null for a name it does
+  // not offer.
+  const BackendKind* KindOf(const std::string& backend) const;
+  // Whether warm pools may keep ready sandboxes of `backend`.
+  bool Pooled(const std::string& backend) const;
   Result<nlohmann::json> CreateCall(SandboxSpec spec, const std::string& owner);
   // Destroys pools idle for longer than the grace period (all idle ones
   // with `all`).
