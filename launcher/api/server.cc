@@ -471,7 +471,7 @@ Status LauncherServer::ReloadTokens() {
   return OkStatus();
 }
 
-Result<LauncherServer::Caller> LauncherServer::Authenticate(const Request& req) const {
+Result<Caller> LauncherServer::Authenticate(const Request& req) const {
   Caller caller;
   if (req.unix_peer && (req.peer_uid == 0 || (group_ != static_cast<gid_t>(-1) && InGroup(req.peer_pid, req.peer_gid, group_)))) {
     caller.is_operator = true;
@@ -630,23 +630,9 @@ json LauncherServer::NodeHealth() {
 }
 
 Response LauncherServer::Handle(const Request& req) {
-  Response r;
-  auto caller = Authenticate(req);
-  if (!caller.ok()) {
-    r = Fail(caller.status());
-    r.headers.emplace_back("WWW-Authenticate", "Bearer");
-  } else {
-    try {
-      r = Route(req, *caller);
-    } catch (const json::exception& e) {  // a field of the wrong type
-      r = Fail(Error(EINVAL, StrCat(req.method, " ", req.path, ": ", e.what())));
-    } catch (const std::logic_error& e) {  // a number that is not one
-      r = Fail(Error(EINVAL, StrCat(req.method, " ", req.path, ": bad value (", e.what(), ")")));
-    }
-  }
-  // The answers a client may retry, and only those, say when.
-  if (r.status == 429 || r.status == 503) r.headers.emplace_back("Retry-After", "1");
-  return r;
+  return Answer(
+      req, [this](const Request& r) { return Authenticate(r); },
+      [this](const Request& r, const Caller& caller) { return Route(r, caller); });
 }
 
 Response LauncherServer::Route(const Request& req, const Caller& caller) {

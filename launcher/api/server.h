@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "launcher/front/front.h"
 #include "launcher/front/http_server.h"
 #include "launcher/node/manager.h"
 #include "launcher/front/tenants.h"
@@ -77,13 +78,6 @@ class LauncherServer {
   // What Health() shows under "cluster" (the node's registration); null:
   // nothing. Set and reset by whoever registers the node.
   void SetClusterStatus(std::function<nlohmann::json()> status);
-
-  // Who is calling.
-  struct Caller {
-    bool is_operator = false;
-    std::shared_ptr<const Tenant> tenant;  // set when not the operator
-    std::string scope() const { return tenant ? tenant->name : ""; }
-  };
 
  private:
   LauncherServer(const ServeOptions& options, SandboxManager& manager) : options_(options), manager_(manager) {}

@@ -16,6 +16,7 @@
 #include "common/log.h"
 #include "common/strings.h"
 #include "common/units.h"
+#include "launcher/front/front.h"
 #include "launcher/front/tenants.h"
 #include "launcher/sandbox/ids.h"
 #include "launcher/sandbox/spec.h"
@@ -268,7 +269,7 @@ std::shared_ptr<const Gateway::View> Gateway::view() {
 
 // --- requests -----------------------------------------------------------------
 
-Result<Gateway::Caller> Gateway::Authenticate(const Request& req) const {
+Result<Caller> Gateway::Authenticate(const Request& req) const {
   Caller caller;
   if (!have_tenants_) {
     caller.is_operator = true;
@@ -284,23 +285,9 @@ Response Gateway::Handle(const Request& req) {
   // Health answers without a token: load balancers and readiness probes
   // have none, and it says nothing a tenant's sandboxes would.
   if (req.method == "GET" && req.path == "/v1/health") return Json(Health());
-  Response r;
-  auto caller = Authenticate(req);
-  if (!caller.ok()) {
-    r = Fail(caller.status());
-    if (r.status == 401) r.headers.emplace_back("WWW-Authenticate", "Bearer");
-  } else {
-    try {
-      r = Route(req, *caller);
-    } catch (const std::exception& e) {
-      r = Fail(Error(EINVAL, StrCat(req.method, " ", req.path, ": ", e.what())));
-    }
-  }
-  if ((r.status == 429 || r.status == 503) &&
-      std::none_of(r.headers.begin(), r.headers.end(), [](const auto& h) { return strcasecmp(h.first.c_str(), "retry-after") == 0; })) {
-    r.headers.emplace_back("Retry-After", "1");
-  }
-  return r;
+  return Answer(
+      req, [this](const Request& r) { return Authenticate(r); },
+      [this](const Request& r, const Caller& caller) { return Route(r, caller); });
 }
 
 Forwarder::Call Gateway::CallFor(const Request& req, const Caller& caller, const NodeState& node) {

@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "launcher/front/http_server.h"
+#include "launcher/front/front.h"
 #include "launcher/front/tenants.h"
 #include "launcher/cluster/etcd.h"
 #include "launcher/cluster/forward.h"
@@ -56,11 +57,6 @@ class Gateway {
   Status ReloadTokens();
 
  private:
-  struct Caller {
-    bool is_operator = false;
-    std::shared_ptr<const Tenant> tenant;
-    std::string scope() const { return tenant ? tenant->name : ""; }
-  };
   // A node as the gateway last saw it.
   struct NodeState {
     NodeRecord record;  // its live record, or its registration when lost
