@@ -18,6 +18,7 @@
 
 #include "common/status.h"
 #include "launcher/cluster/membership.h"
+#include "launcher/sandbox/spec.h"
 
 namespace strata::launcher {
 
@@ -33,7 +34,7 @@ struct PlacementPolicy {
 };
 
 struct PlacementRequest {
-  std::string backend = "container";
+  std::string backend = kDefaultBackend;
   std::map<std::string, std::string> labels;  // a node must carry all of them
   uint64_t memory = 0;                        // its memory limit, if any
   int count = 1;                              // a bulk create goes to one node

@@ -15,7 +15,6 @@
 #include "common/hash.h"
 #include "common/log.h"
 #include "common/strings.h"
-#include "common/subprocess.h"
 #include "launcher/sandbox/backend.h"
 #include "lazyfs/client.h"
 #include "packdiff/packdiff.h"
@@ -56,7 +55,7 @@ json WarmSpecJson(const SandboxSpec& spec) {
 Result<SandboxSpec> WarmSpecFromJson(const json& j) {
   SandboxSpec spec;
   try {
-    spec.backend = j.value("backend", "container");  // (pools recorded before microVM pools were container ones)
+    spec.backend = j.value("backend", std::string(kDefaultBackend));  // (pools recorded before microVM pools were container ones)
     spec.layers = j.at("layers").get<std::vector<std::string>>();
     spec.store = j.value("store", "");
     spec.limits.cpus = j.value("cpus", 0.0);
@@ -335,7 +334,7 @@ Status SandboxManager::Recover() {
       warm_[pool->key] = pool;
       continue;
     }
-    if (record.is_object() && KindOf(record.value("backend", "")) && KindOf(record.value("backend", ""))->calls) {
+    if (const BackendKind* of = record.is_object() ? KindOf(record.value("backend", "")) : nullptr; of && of->calls) {
       std::shared_ptr<Pool> pool;
       for (auto& [key, p] : pools_) {
         if (p->warm->id() == record.value("pool", "")) pool = p;
@@ -424,7 +423,7 @@ Status SandboxManager::Recover() {
       Status s = (*sandbox)->Destroy();
       if (!s.ok()) STRATA_LOG(kWarn) << "remove sandbox " << id << ": " << s.ToString();
     } else {
-      SweepBackend(node_, internal, nlohmann::json());  // (every kind's: its state is lost)
+      SweepBackend(node_, internal, nlohmann::json());  // (its state is lost: every kind's sweep)
       RemoveSandboxCgroups(node_.cgroup_parent + "/" + internal);  // (and whatever runs there: a microVM's QEMU)
       if (auto uppers = UpperStore::Open(node_.uppers); uppers.ok()) {
         if (auto v = uppers->Adopt(internal); v.ok()) v->Destroy().IgnoreError();

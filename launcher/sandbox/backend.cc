@@ -49,9 +49,12 @@ void SweepBackend(const NodeConfig& node, const std::string& id, const nlohmann:
   if (!node.backends) return;
   const nlohmann::json st = state.is_object() ? state : nlohmann::json::object();
   const nlohmann::json spec = st.value("spec", nlohmann::json::object());
-  auto kind = node.backends->Find(spec.is_object() ? spec.value("backend", std::string(kDefaultBackend)) : kDefaultBackend);
+  const BackendKind* named = nullptr;
+  if (spec.is_object() && spec.contains("backend") && spec["backend"].is_string()) {
+    if (auto kind = node.backends->Find(spec["backend"].get<std::string>()); kind.ok()) named = *kind;
+  }
   node.backends->ForEach([&](const BackendKind& k) {
-    if (k.sweep && (!kind.ok() || *kind == &k)) k.sweep(node, id, st);
+    if (k.sweep && (!named || named == &k)) k.sweep(node, id, st);
   });
 }
 

@@ -105,7 +105,16 @@ struct OpenedUpper {
   MountPoint mount;                    // unmounted (and its directory removed) when it goes
   OpenedUpper() = default;
   OpenedUpper(OpenedUpper&&) = default;
-  OpenedUpper& operator=(OpenedUpper&&) = default;
+  OpenedUpper& operator=(OpenedUpper&& other) noexcept {
+    if (this != &other) {
+      Close();
+      dir = std::move(other.dir);
+      id_base = other.id_base;
+      id_count = other.id_count;
+      mount = std::move(other.mount);
+    }
+    return *this;
+  }
   ~OpenedUpper() { Close(); }
   // Unmounts `mount` and removes its directory (logged, not returned: the
   // caller has what it read by then).
@@ -171,8 +180,9 @@ class BackendTable {
 };
 
 // Runs the sweep of the kind that `state` (a state.json, or null when it is
-// lost) names, or of every kind when it names none the node knows: what a
-// dead launcher's sandbox `id` left beside the generic parts.
+// lost) names, or of every kind when it names none the node knows (each
+// sweep must be harmless where its kind made nothing): what a dead
+// launcher's sandbox `id` left beside the generic parts.
 void SweepBackend(const NodeConfig& node, const std::string& id, const nlohmann::json& state);
 
 // What a sandbox of `spec` takes of the node's memory capacity: its kind's

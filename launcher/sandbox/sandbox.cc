@@ -14,9 +14,7 @@
 
 #include "common/fs.h"
 #include "common/log.h"
-#include "common/mount.h"
 #include "common/strings.h"
-#include "common/subprocess.h"
 #include "launcher/sandbox/backend.h"
 #include "launcher/protocol/layout.h"
 #include "launcher/sandbox/ids.h"

@@ -1,4 +1,6 @@
-// The default seccomp profile compiled once per node: libseccomp turns the
+// The seccomp profiles every back end's commands run under (the default,
+// the agent's, and the small one a command stacks on the agent's), and
+// the default compiled once per node: libseccomp turns the
 // OCI profile into the BPF program the kernel loads, and crun takes it as
 // is (annotation run.oci.seccomp_bpf_data) instead of compiling the same
 // few hundred rules again for every sandbox (half of crun's start time).

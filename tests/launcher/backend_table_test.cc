@@ -107,6 +107,34 @@ TEST(BackendTableTest, AvailableAsksEachKind) {
   EXPECT_EQ(NodeBackends()->Available(node), (std::vector<std::string>{"container", "fncall"}));
 }
 
+// What a dead launcher left: the sweep of the kind its state names, and
+// every kind's when the state is lost or names none the node knows.
+TEST(BackendTableTest, ASweepIsTheNamedKindsOrEveryKinds) {
+  std::vector<std::string> swept;
+  auto table = std::make_shared<BackendTable>();
+  auto make = [](const NodeConfig&, const std::string&, const std::string&) -> std::unique_ptr<Backend> { return nullptr; };
+  for (std::string name : {"a", "b"}) {
+    ASSERT_TRUE(table->Add({.name = name, .make = make, .sweep = [&swept, name](const NodeConfig&, const std::string& id, const nlohmann::json&) {
+                              swept.push_back(name + ":" + id);
+                            }}).ok());
+  }
+  ASSERT_TRUE(table->Add({.name = "c", .make = make}).ok());  // nothing of its own to sweep
+  NodeConfig node;
+  node.backends = table;
+  SweepBackend(node, "sb-1", {{"spec", {{"backend", "b"}}}});
+  EXPECT_EQ(swept, std::vector<std::string>{"b:sb-1"});
+  swept.clear();
+  SweepBackend(node, "sb-2", {{"spec", {{"backend", "c"}}}});
+  EXPECT_TRUE(swept.empty());
+  for (const nlohmann::json& state : {nlohmann::json(), nlohmann::json::object(), nlohmann::json{{"spec", {{"backend", "gone"}}}}}) {
+    swept.clear();
+    SweepBackend(node, "sb-3", state);
+    EXPECT_EQ(swept, (std::vector<std::string>{"a:sb-3", "b:sb-3"})) << state.dump();
+  }
+  node.backends = nullptr;
+  SweepBackend(node, "sb-4", nlohmann::json());  // (no table: nothing to ask)
+}
+
 // A create names its back end only through the table: a name the node
 // does not offer fails before anything is made, naming the ones there are.
 TEST(BackendTableTest, SandboxCreateChoosesByTheTableAlone) {
