@@ -68,6 +68,8 @@ static int Body(int argc, char** argv) {
   c.agent_socket_dir = dir.path();
   c.env = {"PATH=/bin"};
   Check(launcher::EnsureSharedMounts());
+  // Its /dev, as a sandbox's: one directory all of its containers bind.
+  c.dev_dir = Check(launcher::MakeSandboxDev("bench-crun", c.idmap.host));
   json config = launcher::OciConfig(c);
   config["linux"].erase("cgroupsPath");  // crun then uses each container's id
   auto& mounts = config["mounts"];
@@ -148,6 +150,7 @@ static int Body(int argc, char** argv) {
   t.Add({"memory per idle sandbox (KiB, MemAvailable drop / N)", Fixed(ours_kib, 0), "", "", "idle crun container (sleep)",
          Fixed(crun_kib, 0), "", Fixed(crun_kib > 0 ? ours_kib / crun_kib : 0, 2)});
   t.Print();
+  launcher::RemoveSandboxDev("bench-crun").IgnoreError();
   return 0;
 }
 
