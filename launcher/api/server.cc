@@ -60,22 +60,6 @@ Response Fail(const Status& s) { return HttpServer::ErrorResponse(s); }
 
 json ErrorJson(const Status& s) { return {{"error", s.ToString()}, {"errno", s.code()}}; }
 
-// Every group the peer process is in (SO_PEERCRED gives only its primary).
-bool InGroup(pid_t pid, gid_t primary, gid_t group) {
-  if (primary == group) return true;
-  std::ifstream status(StrCat("/proc/", pid, "/status"));
-  std::string line;
-  while (std::getline(status, line)) {
-    if (!line.starts_with("Groups:")) continue;
-    std::istringstream in(line.substr(7));
-    gid_t g;
-    while (in >> g) {
-      if (g == group) return true;
-    }
-  }
-  return false;
-}
-
 Result<uint64_t> SizeField(const json& j, const char* name) {
   if (j[name].is_string()) return ParseSize(j[name].get<std::string>());
   return j[name].get<uint64_t>();
@@ -336,7 +320,16 @@ const char* ContentType(ExecFormat f) {
 
 Result<std::unique_ptr<LauncherServer>> LauncherServer::Start(const ServeOptions& options, SandboxManager& manager,
                                                               std::vector<std::string>* warnings) {
-  std::unique_ptr<LauncherServer> s(new LauncherServer(options, manager));
+  gid_t group = static_cast<gid_t>(-1);
+  if (!options.allow_group.empty()) {
+    struct group* g = ::getgrnam(options.allow_group.c_str());
+    if (!g) return Error(ENOENT, "serve: no group named " + Quote(options.allow_group));
+    group = g->gr_gid;
+  }
+  std::unique_ptr<LauncherServer> s(new LauncherServer(
+      options, manager,
+      AuthPolicy{.who = "launcher", .unix_operator = true, .operator_group = group, .open_without_tokens = options.insecure,
+                 .gateway_credentials = true}));
   // Warm pools fill within the node's admission limits and give way first:
   // their ready sandboxes go when memory falls below the reserve, or when
   // sandboxes in use and ready ones pass --max-sandboxes.
@@ -367,18 +360,9 @@ Result<std::unique_ptr<LauncherServer>> LauncherServer::Start(const ServeOptions
     }
     return v;
   });
-  if (!options.tokens_file.empty() && !options.legacy_token_file.empty()) {
-    return Error(EINVAL, "serve: give --tokens or the old --token-file, not both");
-  }
-  if (!options.tokens_file.empty()) {
-    STRATA_ASSIGN_OR_RETURN(auto tenants, LoadTokensFile(options.tokens_file));
-    s->tenants_.Replace(std::move(tenants));
-    s->have_tenants_ = true;
-  } else if (!options.legacy_token_file.empty()) {
-    STRATA_ASSIGN_OR_RETURN(auto tenants, LoadLegacyTokenFile(options.legacy_token_file));
-    s->tenants_.Replace(std::move(tenants));
-    s->have_tenants_ = true;
-    if (warnings) warnings->push_back("--token-file is replaced by --tokens (docs/api.md); its token is the tenant \"default\"");
+  STRATA_RETURN_IF_ERROR(s->auth_.Load(options.tokens_file, options.legacy_token_file));
+  if (!options.legacy_token_file.empty() && warnings) {
+    warnings->push_back("--token-file is replaced by --tokens (docs/api.md); its token is the tenant \"default\"");
   }
   const bool tls = !options.tls_cert_file.empty() || !options.tls_key_file.empty();
   if (tls && (options.tls_cert_file.empty() || options.tls_key_file.empty())) {
@@ -392,7 +376,7 @@ Result<std::unique_ptr<LauncherServer>> LauncherServer::Start(const ServeOptions
   for (const auto& address : options.listen) {
     STRATA_ASSIGN_OR_RETURN(auto hp, ParseHostPort(address));
     const bool loopback = IsLoopbackHost(hp.first);
-    if (!s->have_tenants_) {
+    if (!s->auth_.has_tenants()) {
       if (!options.insecure) {
         return Error(EINVAL, "serve: --listen " + address + " without --tokens would let anyone who reaches it act as root; "
                              "give --tokens FILE (or --insecure for tests and one-machine setups)");
@@ -408,14 +392,8 @@ Result<std::unique_ptr<LauncherServer>> LauncherServer::Start(const ServeOptions
     }
   }
 
-  mode_t mode = 0600;
-  if (!options.allow_group.empty()) {
-    group* g = ::getgrnam(options.allow_group.c_str());
-    if (!g) return Error(ENOENT, "serve: no group named " + Quote(options.allow_group));
-    s->group_ = g->gr_gid;
-    mode = 0660;
-  }
-  if (s->have_tenants_) mode = 0666;  // the tokens are the gate
+  mode_t mode = group != static_cast<gid_t>(-1) ? 0660 : 0600;
+  if (s->auth_.has_tenants()) mode = 0666;  // the tokens are the gate
   LauncherServer* self = s.get();
   auto handler = [self](const Request& r) { return self->Handle(r); };
   auto upload = [self](const Request& r, std::optional<Response>* refusal) { return self->StartUpload(r, refusal); };
@@ -426,7 +404,7 @@ Result<std::unique_ptr<LauncherServer>> LauncherServer::Start(const ServeOptions
   if (mode == 0600) unix_limits.idle_timeout = unix_limits.request_timeout = Duration{0};
   STRATA_ASSIGN_OR_RETURN(s->unix_, HttpServer::Listen({.unix_path = options.socket_path, .mode = mode,
                                                         .limits = unix_limits, .handler = handler, .upload = upload}));
-  if (s->group_ != static_cast<gid_t>(-1) && ::chown(options.socket_path.c_str(), 0, s->group_) != 0) {
+  if (group != static_cast<gid_t>(-1) && ::chown(options.socket_path.c_str(), 0, group) != 0) {
     return ErrnoError(errno, "chown " + options.socket_path);
   }
   for (const auto& address : options.listen) {
@@ -463,48 +441,7 @@ std::vector<std::string> LauncherServer::urls() const {
   return out;
 }
 
-Status LauncherServer::ReloadTokens() {
-  if (options_.tokens_file.empty() && options_.legacy_token_file.empty()) return OkStatus();
-  auto tenants = options_.tokens_file.empty() ? LoadLegacyTokenFile(options_.legacy_token_file) : LoadTokensFile(options_.tokens_file);
-  if (!tenants.ok()) return tenants.status().Annotate("reload tokens (the tenants stay as they were)");
-  tenants_.Replace(std::move(*tenants));
-  return OkStatus();
-}
-
-Result<Caller> LauncherServer::Authenticate(const Request& req) const {
-  Caller caller;
-  if (req.unix_peer && (req.peer_uid == 0 || (group_ != static_cast<gid_t>(-1) && InGroup(req.peer_pid, req.peer_gid, group_)))) {
-    caller.is_operator = true;
-    return caller;
-  }
-  if (!req.unix_peer && !have_tenants_ && options_.insecure) {  // a TCP listener without tokens
-    if (req.headers.count(kTenantHeader)) {
-      return Error(EPERM, "launcher: this node has no tokens (--insecure), so it cannot act for a tenant a gateway names");
-    }
-    caller.is_operator = true;
-    return caller;
-  }
-  auto it = req.headers.find("authorization");
-  STRATA_ASSIGN_OR_RETURN(caller.tenant, tenants_.FromAuthorization(it == req.headers.end() ? nullptr : &it->second, "launcher"));
-  // Only a gateway's credential may say whom it calls for; a tenant that
-  // names another tenant is refused rather than ignored.
-  auto named = req.headers.find(kTenantHeader);
-  if (caller.tenant->limits.gateway) {
-    if (named == req.headers.end() || named->second.empty()) {  // an operator's call, passed on
-      caller.tenant = nullptr;
-      caller.is_operator = true;
-      return caller;
-    }
-    auto tenant = tenants_.Find(named->second);
-    if (!tenant || tenant->limits.gateway) {
-      return Error(EKEYREJECTED, "launcher: the gateway's call names tenant " + Quote(named->second) + ", which this node does not know");
-    }
-    caller.tenant = std::move(tenant);
-  } else if (named != req.headers.end() && named->second != caller.tenant->name) {
-    return Error(EPERM, "launcher: only a gateway's credential may name a tenant (X-Strata-Tenant)");
-  }
-  return caller;
-}
+Status LauncherServer::ReloadTokens() { return auth_.Reload(); }
 
 Status LauncherServer::CheckOwner(const std::string& id, const Caller& caller) {
   auto owner = manager_.Owner(id);
@@ -560,7 +497,7 @@ Status LauncherServer::Admit(const Caller& caller, uint64_t memory) {
         static_cast<int64_t>(manager_.CountOwned(caller.scope())) + creating_by_tenant_[caller.scope()] >= limits.max_sandboxes) {
       return Error(EUSERS, StrCat("tenant ", caller.scope(), " has its limit of ", limits.max_sandboxes, " sandboxes"));
     }
-    if (tenants_.TakeCreations(*caller.tenant, 1) < 1) {
+    if (auth_.tenants().TakeCreations(*caller.tenant, 1) < 1) {
       return Error(EUSERS, StrCat("tenant ", caller.scope(), ": more than ", limits.creates_per_second, " creations per second"));
     }
     ++creating_by_tenant_[caller.scope()];
@@ -631,7 +568,7 @@ json LauncherServer::NodeHealth() {
 
 Response LauncherServer::Handle(const Request& req) {
   return Answer(
-      req, [this](const Request& r) { return Authenticate(r); },
+      req, [this](const Request& r) { return auth_.Authenticate(r); },
       [this](const Request& r, const Caller& caller) { return Route(r, caller); });
 }
 
@@ -1152,11 +1089,13 @@ std::unique_ptr<HttpServer::Upload> LauncherServer::StartUpload(const Request& r
   const std::string id = req.path.substr(prefix.size(), req.path.size() - prefix.size() - 6);
   auto refuse = [&](const Status& s) -> std::unique_ptr<HttpServer::Upload> {
     *refusal = Fail(s);
-    if (s.code() == ENOKEY || s.code() == EKEYREJECTED) (*refusal)->headers.emplace_back("WWW-Authenticate", "Bearer");
     return nullptr;
   };
-  auto caller = Authenticate(req);
-  if (!caller.ok()) return refuse(caller.status());
+  auto caller = auth_.Authenticate(req);
+  if (!caller.ok()) {
+    *refusal = AuthRefusal(caller.status());
+    return nullptr;
+  }
   if (id.empty() || id.find('/') != std::string::npos) return refuse(Error(ENOENT, "no API PUT " + req.path));
   if (Status s = CheckOwner(id, *caller); !s.ok()) return refuse(s);
   if (Status s = manager_.CheckExec(id); !s.ok()) return refuse(s);  // a frozen agent would never answer

@@ -80,8 +80,8 @@ class LauncherServer {
   void SetClusterStatus(std::function<nlohmann::json()> status);
 
  private:
-  LauncherServer(const ServeOptions& options, SandboxManager& manager) : options_(options), manager_(manager) {}
-  Result<Caller> Authenticate(const HttpServer::Request& request) const;
+  LauncherServer(const ServeOptions& options, SandboxManager& manager, AuthPolicy policy)
+      : options_(options), manager_(manager), auth_(std::move(policy)) {}
   HttpServer::Response Handle(const HttpServer::Request& request);
   HttpServer::Response Route(const HttpServer::Request& request, const Caller& caller);
   std::unique_ptr<HttpServer::Upload> StartUpload(const HttpServer::Request& request,
@@ -117,9 +117,7 @@ class LauncherServer {
 
   ServeOptions options_;
   SandboxManager& manager_;
-  gid_t group_ = static_cast<gid_t>(-1);
-  TenantTable tenants_;
-  bool have_tenants_ = false;  // a tokens file (or old token file) is in use
+  Authenticator auth_;
   std::mutex admission_mu_;
   int64_t creating_ = 0;  // admitted creations under way
   uint64_t creating_memory_ = 0;  // and what they commit

@@ -121,7 +121,11 @@ std::optional<std::string> WholeBody(Forwarder::Outcome& out) {
 
 }  // namespace
 
-Gateway::Gateway(GatewayOptions options) : options_(std::move(options)), placer_(options_.policy) {}
+Gateway::Gateway(GatewayOptions options)
+    : options_(std::move(options)),
+      placer_(options_.policy),
+      // Without tokens (only with --insecure) every caller is the operator.
+      auth_(AuthPolicy{.who = "gateway", .open_without_tokens = true}) {}
 
 Result<std::unique_ptr<Gateway>> Gateway::Start(GatewayOptions options, std::vector<std::string>* warnings) {
   if (options.listen.empty()) return Error(EINVAL, "gateway: --listen HOST:PORT is required");
@@ -132,13 +136,10 @@ Result<std::unique_ptr<Gateway>> Gateway::Start(GatewayOptions options, std::vec
   credential = credential.substr(0, credential.find('\n'));
   if (credential.empty()) return Error(EINVAL, "gateway: --node-token " + o.node_token_file + " is empty");
   g->forwarder_ = std::make_unique<Forwarder>(Forwarder::Options{.credential = credential, .ca_file = o.node_ca_file});
-  if (!o.tokens_file.empty()) {
-    STRATA_ASSIGN_OR_RETURN(auto tenants, LoadTokensFile(o.tokens_file));
-    g->tenants_.Replace(std::move(tenants));
-    g->have_tenants_ = true;
-  } else if (!o.insecure) {
+  STRATA_RETURN_IF_ERROR(g->auth_.Load(o.tokens_file));
+  if (!g->auth_.has_tenants() && !o.insecure) {
     return Error(EINVAL, "gateway: --tokens FILE is required (or --insecure for tests: every caller is then the operator)");
-  } else if (warnings) {
+  } else if (!g->auth_.has_tenants() && warnings) {
     warnings->push_back("the gateway has no tokens: every caller is the operator (--insecure)");
   }
   const bool tls = !o.tls_cert_file.empty() || !o.tls_key_file.empty();
@@ -187,13 +188,7 @@ std::vector<std::string> Gateway::urls() const {
   return out;
 }
 
-Status Gateway::ReloadTokens() {
-  if (options_.tokens_file.empty()) return OkStatus();
-  auto tenants = LoadTokensFile(options_.tokens_file);
-  if (!tenants.ok()) return tenants.status().Annotate("reload tokens (the tenants stay as they were)");
-  tenants_.Replace(std::move(*tenants));
-  return OkStatus();
-}
+Status Gateway::ReloadTokens() { return auth_.Reload(); }
 
 // --- the cluster's view -------------------------------------------------------
 
@@ -269,24 +264,12 @@ std::shared_ptr<const Gateway::View> Gateway::view() {
 
 // --- requests -----------------------------------------------------------------
 
-Result<Caller> Gateway::Authenticate(const Request& req) const {
-  Caller caller;
-  if (!have_tenants_) {
-    caller.is_operator = true;
-    return caller;
-  }
-  auto it = req.headers.find("authorization");
-  STRATA_ASSIGN_OR_RETURN(caller.tenant, tenants_.FromAuthorization(it == req.headers.end() ? nullptr : &it->second, "gateway"));
-  if (caller.tenant->limits.gateway) return Error(EPERM, "gateway: a gateway's credential is for nodes, not for calls to a gateway");
-  return caller;
-}
-
 Response Gateway::Handle(const Request& req) {
   // Health answers without a token: load balancers and readiness probes
   // have none, and it says nothing a tenant's sandboxes would.
   if (req.method == "GET" && req.path == "/v1/health") return Json(Health());
   return Answer(
-      req, [this](const Request& r) { return Authenticate(r); },
+      req, [this](const Request& r) { return auth_.Authenticate(r); },
       [this](const Request& r, const Caller& caller) { return Route(r, caller); });
 }
 
@@ -371,9 +354,9 @@ Response Gateway::Route(const Request& req, const Caller& caller) {
 std::unique_ptr<HttpServer::Upload> Gateway::StartUpload(const Request& req, std::optional<Response>* refusal) {
   const std::string prefix = "/v1/sandboxes/";
   if (req.method != "PUT" || !req.path.starts_with(prefix) || !req.path.ends_with("/files")) return nullptr;
-  auto caller = Authenticate(req);
+  auto caller = auth_.Authenticate(req);
   if (!caller.ok()) {
-    *refusal = Fail(caller.status());
+    *refusal = AuthRefusal(caller.status());
     return nullptr;
   }
   const std::string id = req.path.substr(prefix.size(), req.path.size() - prefix.size() - 6);

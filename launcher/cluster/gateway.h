@@ -70,7 +70,6 @@ class Gateway {
   void Watch();
   std::shared_ptr<const View> view();
 
-  Result<Caller> Authenticate(const HttpServer::Request& request) const;
   HttpServer::Response Handle(const HttpServer::Request& request);
   HttpServer::Response Route(const HttpServer::Request& request, const Caller& caller);
   std::unique_ptr<HttpServer::Upload> StartUpload(const HttpServer::Request& request,
@@ -92,8 +91,7 @@ class Gateway {
   std::unique_ptr<EtcdClient> etcd_;
   std::unique_ptr<Forwarder> forwarder_;
   Placer placer_;
-  TenantTable tenants_;
-  bool have_tenants_ = false;
+  Authenticator auth_;
 
   std::mutex view_mu_;
   std::shared_ptr<const View> view_;

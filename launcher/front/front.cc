@@ -21,8 +21,7 @@ Response Answer(const Request& req, const std::function<Result<Caller>(const Req
   Response r;
   auto caller = authenticate(req);
   if (!caller.ok()) {
-    r = HttpServer::ErrorResponse(caller.status());
-    r.headers.emplace_back("WWW-Authenticate", "Bearer");
+    r = AuthRefusal(caller.status());
   } else {
     try {
       r = route(req, *caller);

@@ -1,5 +1,5 @@
 // What the node's API and the gateway share in front of their routes: who
-// is calling (Caller), and one policy for answering a request — the
+// is calling (Caller, auth.h), and one policy for answering a request — the
 // refusal of a caller, the exceptions a route may throw, the retry hint.
 #pragma once
 
@@ -8,22 +8,13 @@
 #include <string>
 
 #include "common/status.h"
+#include "launcher/front/auth.h"
 #include "launcher/front/http_server.h"
-#include "launcher/front/tenants.h"
 
 namespace strata::launcher {
 
-// Who is calling: the operator, or a tenant by its token.
-struct Caller {
-  bool is_operator = false;
-  std::shared_ptr<const Tenant> tenant;  // set when not the operator
-  // The tenant's name; "" for the operator.
-  std::string scope() const { return tenant ? tenant->name : ""; }
-};
-
 // Answers `request` as every front does. `authenticate` says who calls;
-// its refusal is the answer (HTTP status by errno, HttpServer::ErrorResponse),
-// with WWW-Authenticate: Bearer. `route` answers for that caller, and no
+// its refusal is the answer (AuthRefusal). `route` answers for that caller, and no
 // exception leaves here: a JSON field of the wrong type or a value that
 // is not one (std::logic_error) is 400 naming the request, any other
 // exception 500 (ENOMEM for a failed allocation, EIO else). A 429 or 503 says Retry-After: 1
