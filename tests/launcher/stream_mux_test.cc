@@ -372,9 +372,15 @@ TEST_F(StreamMuxTest, SlowReaderStallsOnlyItsOwnStream) {
   ASSERT_OK_AND_ASSIGN(std::string echoed, Exchange(client.get(), data));
   EXPECT_TRUE(echoed == data.substr(1)) << echoed.size() << " bytes echoed";
 
-  // The flood has stopped: no byte moves while nobody reads, and the
-  // muxes wait in poll() rather than spin.
-  std::this_thread::sleep_for(300ms);
+  // The flood stops: no byte moves while nobody reads, and the muxes wait
+  // in poll() rather than spin. (On a loaded machine the last buffers may
+  // take a while to fill: it has stopped once 300 ms pass without a byte.)
+  size_t settled = flooded_;
+  for (int i = 0; i < 30; ++i) {
+    std::this_thread::sleep_for(300ms);
+    if (flooded_ == settled) break;
+    settled = flooded_;
+  }
   const size_t flooded = flooded_;
   const double cpu_before = CpuSeconds();
   std::this_thread::sleep_for(500ms);
