@@ -46,7 +46,7 @@ Result<BuiltLayer> BuildLayer(const BuildOptions& options) {
     return Error(EINVAL, where(StrCat("the output directory ", options.output_dir, " lies inside the source")));
   }
   TarStats tar;
-  auto fill = [&](ImageWriter& writer) -> Status {
+  auto fill = [&](erofs::ImageWriter& writer) -> Status {
     if (is_dir) return AddDirectoryTree(options.source, writer).Annotate(where("read the tree"));
     auto read = AddTar(options.source, writer);
     if (!read.ok()) return read.status().Annotate(where("read the archive"));

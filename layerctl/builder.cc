@@ -11,7 +11,7 @@
 
 #include "common/fs.h"
 #include "common/strings.h"
-#include "layerctl/erofs_writer.h"
+#include "common/erofs/writer.h"
 
 namespace strata::layerctl {
 namespace {
@@ -39,7 +39,7 @@ Result<BuiltLayer> Build(const BuildOptions& options, const FillImage& fill,
   // 1. The image, under temporary names.
   const std::string meta_tmp = JoinPath(out, ".meta.tmp"), blob_tmp = JoinPath(out, ".blob.tmp");
   TempFiles temps({meta_tmp, blob_tmp});
-  auto writer = ImageWriter::Create({.block_size = 4096, .chunk_size = options.chunk_size, .group_size = options.group_size,
+  auto writer = erofs::ImageWriter::Create({.block_size = 4096, .chunk_size = options.chunk_size, .group_size = options.group_size,
                                       .blob_path = blob_tmp});
   if (!writer.ok()) return writer.status().Annotate(where("start the image"));
   STRATA_RETURN_IF_ERROR(fill(**writer));
@@ -57,7 +57,8 @@ Result<BuiltLayer> Build(const BuildOptions& options, const FillImage& fill,
   m.meta_hash = image->meta_hash;
   m.meta_size = image->meta_size;
   m.blob_size = image->blob_size;
-  m.extents = std::move(image->extents);
+  m.extents.reserve(image->extents.size());
+  for (const erofs::BlobExtent& e : image->extents) m.extents.push_back({.offset = e.offset, .length = e.length, .hash = e.hash});
   m.files = image->inodes;
   m.bytes = image->file_bytes;
   const SourceFacts facts = source_facts();

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "cache/manifest.h"
+#include "common/erofs/writer.h"
 #include "common/status.h"
 
 namespace strata::layerctl {
@@ -29,7 +30,7 @@ struct BuildOptions {
   uint32_t chunk_size = 1 << 20;
   // Small files' chunks side by side are grouped into extents of at most
   // this many bytes (and the chunk size); 0: one extent per chunk, else at
-  // least 8 KiB (ImageWriter::Options).
+  // least 8 KiB (erofs::ImageWriter::Options).
   uint32_t group_size = kDefaultGroupSize;
 };
 
@@ -40,7 +41,7 @@ struct BuiltLayer {
   uint64_t source_bytes = 0;  // bytes read from the input archive (0 for a directory)
 };
 
-// Builds the layer with the EROFS image writer (layerctl/erofs_writer.h):
+// Builds the layer with the EROFS image writer (common/erofs/writer.h):
 // a directory through a sorted walk (layerctl/dir_reader.h), an archive
 // streamed entry by entry (layerctl/tar_reader.h). Deterministic: the same
 // tree (names, types, modes, owners, mtimes, xattrs, contents) gives the
@@ -50,11 +51,9 @@ struct BuiltLayer {
 // source directory.
 Result<BuiltLayer> BuildLayer(const BuildOptions& options);
 
-class ImageWriter;
-
 // Adds a layer's entries to the writer (packdiff's way in: it translates an
 // overlayfs upper directory entry by entry).
-using FillImage = std::function<Status(ImageWriter& writer)>;
+using FillImage = std::function<Status(erofs::ImageWriter& writer)>;
 
 // What an input was, once read: manifest.build.source (an archive's hash)
 // and BuiltLayer::source_bytes.

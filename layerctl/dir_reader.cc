@@ -22,8 +22,8 @@
 namespace strata::layerctl {
 namespace {
 
-Attributes AttributesOf(const struct stat& st) {
-  return Attributes{.mode = st.st_mode & 07777,
+erofs::Attributes AttributesOf(const struct stat& st) {
+  return erofs::Attributes{.mode = st.st_mode & 07777,
                     .uid = st.st_uid,
                     .gid = st.st_gid,
                     .mtime = st.st_mtim.tv_sec,
@@ -32,7 +32,7 @@ Attributes AttributesOf(const struct stat& st) {
 
 class TreeReader {
  public:
-  TreeReader(std::string root, ImageWriter& writer) : root_(std::move(root)), writer_(writer) {}
+  TreeReader(std::string root, erofs::ImageWriter& writer) : root_(std::move(root)), writer_(writer) {}
   Status Run();
 
  private:
@@ -42,7 +42,7 @@ class TreeReader {
   Status AddEntry(int dir_fd, const std::string& name, const std::string& rel, std::vector<std::string>* subdirs);
 
   std::string root_;
-  ImageWriter& writer_;
+  erofs::ImageWriter& writer_;
   UniqueFd root_fd_;
   // Inodes with several links: the first name they were added under.
   std::map<std::pair<dev_t, ino_t>, std::string> links_;
@@ -52,7 +52,7 @@ Status TreeReader::Run() {
   STRATA_ASSIGN_OR_RETURN(root_fd_, OpenFile(root_, O_RDONLY | O_DIRECTORY));
   struct stat st;
   if (::fstat(root_fd_.get(), &st) != 0) return ErrnoError(errno, "stat " + root_);
-  Attributes attrs = AttributesOf(st);
+  erofs::Attributes attrs = AttributesOf(st);
   STRATA_ASSIGN_OR_RETURN(attrs.xattrs, ReadXattrs(root_fd_.get(), root_, root_));
   STRATA_RETURN_IF_ERROR(writer_.AddDirectory("", attrs));
   // Depth first; each directory's subdirectories pushed in reverse so they
@@ -113,7 +113,7 @@ Status TreeReader::AddEntry(int dir_fd, const std::string& name, const std::stri
   const std::string full = Full(rel);
   struct stat st;
   if (::fstatat(dir_fd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) return ErrnoError(errno, "stat " + full);
-  Attributes attrs = AttributesOf(st);
+  erofs::Attributes attrs = AttributesOf(st);
 
   if (S_ISDIR(st.st_mode)) {
     int fd = ::openat(dir_fd, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
@@ -211,6 +211,6 @@ Result<std::vector<erofs::Xattr>> ReadXattrs(int fd, const std::string& access, 
   return out;
 }
 
-Status AddDirectoryTree(const std::string& root, ImageWriter& writer) { return TreeReader(root, writer).Run(); }
+Status AddDirectoryTree(const std::string& root, erofs::ImageWriter& writer) { return TreeReader(root, writer).Run(); }
 
 }  // namespace strata::layerctl

@@ -1,10 +1,10 @@
-// Feeds a directory tree on disk into an ImageWriter.
+// Feeds a directory tree on disk into an erofs::ImageWriter.
 #pragma once
 
 #include <string>
 
 #include "common/status.h"
-#include "layerctl/erofs_writer.h"
+#include "common/erofs/writer.h"
 
 namespace strata::layerctl {
 
@@ -20,7 +20,7 @@ namespace strata::layerctl {
 //
 // A file or directory that cannot be opened or read is an error naming it
 // (nothing is silently left out).
-Status AddDirectoryTree(const std::string& root, ImageWriter& writer);
+Status AddDirectoryTree(const std::string& root, erofs::ImageWriter& writer);
 
 // Every xattr of one entry: through `fd` when it is valid, else through the
 // path `access` without following a final symlink; `path` names the entry

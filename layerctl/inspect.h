@@ -1,6 +1,6 @@
 // Listing a published layer's tree without mounting it: the metadata image
 // is fetched from the store and read with strata's EROFS reader
-// (common/erofs_reader.h), the reader lazyfs's fuse mode serves from.
+// (common/erofs/reader.h), the reader lazyfs's fuse mode serves from.
 #pragma once
 
 #include <cstdint>
@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "cache/catalog.h"
-#include "common/erofs_reader.h"
+#include "common/erofs/reader.h"
 
 namespace strata::layerctl {
 

@@ -84,7 +84,7 @@ std::string JoinParts(const std::vector<std::string>& parts, size_t n) {
 
 class TarReader {
  public:
-  TarReader(std::string input_name, ImageWriter& writer) : input_name_(std::move(input_name)), writer_(writer) {}
+  TarReader(std::string input_name, erofs::ImageWriter& writer) : input_name_(std::move(input_name)), writer_(writer) {}
 
   Result<TarStats> Run(int input_fd);
 
@@ -93,11 +93,11 @@ class TarReader {
   // Refuses a path whose parents parts[0..n) pass through anything but a
   // directory; missing parents are fine (the writer creates them).
   Status CheckParents(const std::vector<std::string>& parts, size_t n, std::string_view entry) const;
-  Result<Attributes> AttributesOf(archive_entry* e, std::string_view entry) const;
+  Result<erofs::Attributes> AttributesOf(archive_entry* e, std::string_view entry) const;
   Status Add(archive* a, archive_entry* e);
 
   std::string input_name_;
-  ImageWriter& writer_;
+  erofs::ImageWriter& writer_;
   Input* input_ = nullptr;
   TarStats stats_;
   std::set<std::string> opaque_dirs_;
@@ -117,8 +117,8 @@ Status TarReader::CheckParents(const std::vector<std::string>& parts, size_t n, 
   return OkStatus();
 }
 
-Result<Attributes> TarReader::AttributesOf(archive_entry* e, std::string_view entry) const {
-  Attributes attrs;
+Result<erofs::Attributes> TarReader::AttributesOf(archive_entry* e, std::string_view entry) const {
+  erofs::Attributes attrs;
   attrs.mode = archive_entry_perm(e) & 07777;
   const la_int64_t uid = archive_entry_uid(e), gid = archive_entry_gid(e);
   if (uid < 0 || uid > UINT32_MAX || gid < 0 || gid > UINT32_MAX) {
@@ -147,7 +147,7 @@ Status TarReader::Add(archive* a, archive_entry* e) {
   STRATA_ASSIGN_OR_RETURN(auto parts, Components(entry, StrCat("unpack ", input_name_, ": entry")));
   ++stats_.entries;
   const mode_t type = archive_entry_filetype(e);
-  STRATA_ASSIGN_OR_RETURN(Attributes attrs, AttributesOf(e, entry));
+  STRATA_ASSIGN_OR_RETURN(erofs::Attributes attrs, AttributesOf(e, entry));
   auto step = [&](Status s) { return s.ok() ? s : std::move(s).Annotate(Where(entry)); };
 
   if (parts.empty()) {  // "./": the root directory's own attributes
@@ -161,14 +161,14 @@ Status TarReader::Add(archive* a, archive_entry* e) {
   const std::string path = JoinParts(parts, parts.size());
 
   if (base == kOpaqueMarker) {
-    if (!writer_.TypeOf(parent)) STRATA_RETURN_IF_ERROR(step(writer_.AddDirectory(parent, Attributes{.mode = 0755})));
+    if (!writer_.TypeOf(parent)) STRATA_RETURN_IF_ERROR(step(writer_.AddDirectory(parent, erofs::Attributes{.mode = 0755})));
     opaque_dirs_.insert(parent);
     return OkStatus();
   }
   if (base.starts_with(kWhiteoutPrefix)) {
     const std::string name = base.substr(kWhiteoutPrefix.size());
     if (name.empty()) return Error(EINVAL, StrCat(Where(entry), ": whiteout without a name"));
-    Attributes whiteout{
+    erofs::Attributes whiteout{
         .mode = 0, .uid = attrs.uid, .gid = attrs.gid, .mtime = attrs.mtime, .mtime_nsec = attrs.mtime_nsec};
     const std::string target = parent.empty() ? name : parent + "/" + name;
     return step(writer_.AddSpecial(target, erofs::FileType::kCharDevice, whiteout, makedev(0, 0)));
@@ -185,18 +185,18 @@ Status TarReader::Add(archive* a, archive_entry* e) {
     case AE_IFREG: {
       const la_int64_t size = archive_entry_size(e);
       if (size < 0) return Error(EINVAL, StrCat(Where(entry), ": negative size ", size));
-      DataSource source = [&]() -> Result<std::optional<DataPiece>> {
+      erofs::DataSource source = [&]() -> Result<std::optional<erofs::DataPiece>> {
         const void* buf;
         size_t n;
         la_int64_t offset;
         const int r = archive_read_data_block(a, &buf, &n, &offset);
-        if (r == ARCHIVE_EOF) return std::optional<DataPiece>();
+        if (r == ARCHIVE_EOF) return std::optional<erofs::DataPiece>();
         if (r != ARCHIVE_OK && r != ARCHIVE_WARN) {
           return Error(input_->error ? input_->error : EIO, StrCat("read data: ", archive_error_string(a)));
         }
         if (offset < 0) return Error(EINVAL, StrCat("read data: negative offset ", offset));
-        return std::optional<DataPiece>(
-            DataPiece{static_cast<uint64_t>(offset), std::span<const char>(static_cast<const char*>(buf), n)});
+        return std::optional<erofs::DataPiece>(
+            erofs::DataPiece{static_cast<uint64_t>(offset), std::span<const char>(static_cast<const char*>(buf), n)});
       };
       STRATA_RETURN_IF_ERROR(step(writer_.AddFile(path, attrs, static_cast<uint64_t>(size), source)));
       ++stats_.regular_files;
@@ -259,7 +259,7 @@ Result<TarStats> TarReader::Run(int input_fd) {
 
 }  // namespace
 
-Result<TarStats> AddTar(const std::string& input, ImageWriter& writer) {
+Result<TarStats> AddTar(const std::string& input, erofs::ImageWriter& writer) {
   if (input == "-") return TarReader("stdin", writer).Run(STDIN_FILENO);
   auto fd = OpenFile(input, O_RDONLY);
   if (!fd.ok()) return fd.status().Annotate("unpack tar");

@@ -1,4 +1,4 @@
-// Streams a tar archive straight into an ImageWriter: no staging directory,
+// Streams a tar archive straight into an erofs::ImageWriter: no staging directory,
 // nothing written but the image, no root needed.
 #pragma once
 
@@ -7,7 +7,7 @@
 
 #include "common/hash.h"
 #include "common/status.h"
-#include "layerctl/erofs_writer.h"
+#include "common/erofs/writer.h"
 
 namespace strata::layerctl {
 
@@ -36,6 +36,6 @@ struct TarStats {
 // a later entry for the directory itself does not drop it).
 //
 // Errors name the archive, the entry and the step.
-Result<TarStats> AddTar(const std::string& input, ImageWriter& writer);
+Result<TarStats> AddTar(const std::string& input, erofs::ImageWriter& writer);
 
 }  // namespace strata::layerctl

@@ -1,5 +1,5 @@
 // TreeFs: lazyfs's fuse mode. One FUSE mount per layer whose files are the
-// layer's tree, read with strata's own EROFS reader (common/erofs_reader.h):
+// layer's tree, read with strata's own EROFS reader (common/erofs/reader.h):
 // device 0 is the metadata image (the pinned cache chunk), device 1 the
 // blob through ServedLayer::ReadBlob, so data reads go through the same
 // chunk cache, stats, access recording and prefetch as in kernel mode.
@@ -24,7 +24,7 @@
 #include <memory>
 #include <string>
 
-#include "common/erofs_reader.h"
+#include "common/erofs/reader.h"
 #include "lazyfs/fuse_mount.h"
 #include "lazyfs/served_layer.h"
 

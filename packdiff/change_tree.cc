@@ -25,7 +25,7 @@ class LayerFileSource {
   LayerFileSource(const erofs::Image& image, const erofs::Inode& inode, std::vector<erofs::Extent> extents)
       : image_(image), inode_(inode), extents_(std::move(extents)), buf_(kPiece) {}
 
-  Result<std::optional<layerctl::DataPiece>> Next() {
+  Result<std::optional<erofs::DataPiece>> Next() {
     while (i_ < extents_.size()) {
       const erofs::Extent& e = extents_[i_];
       if (e.hole || done_ >= e.length) {
@@ -38,9 +38,9 @@ class LayerFileSource {
       STRATA_ASSIGN_OR_RETURN(size_t got, image_.Read(inode_, at, std::span<char>(buf_.data(), n)));
       if (got != n) return Error(EIO, StrCat("short read at offset ", at, " of a layer file"));
       done_ += n;
-      return std::optional<layerctl::DataPiece>(layerctl::DataPiece{at, std::span<const char>(buf_.data(), n)});
+      return std::optional<erofs::DataPiece>(erofs::DataPiece{at, std::span<const char>(buf_.data(), n)});
     }
-    return std::optional<layerctl::DataPiece>();
+    return std::optional<erofs::DataPiece>();
   }
 
  private:
@@ -54,7 +54,7 @@ class LayerFileSource {
 
 class TreeWriter {
  public:
-  TreeWriter(const LowerStack& parents, const WriteHooks& hooks, layerctl::ImageWriter& writer)
+  TreeWriter(const LowerStack& parents, const WriteHooks& hooks, erofs::ImageWriter& writer)
       : parents_(parents), hooks_(hooks), writer_(writer) {}
 
   Result<WriteStats> Run(const ChangeNode& root);
@@ -66,8 +66,8 @@ class TreeWriter {
     std::optional<MergedEntry> lower;  // the parents' directory here, when there is one that shows
   };
 
-  static layerctl::Attributes WithOpaque(const ChangeNode& dir) {
-    layerctl::Attributes attrs = dir.attrs;
+  static erofs::Attributes WithOpaque(const ChangeNode& dir) {
+    erofs::Attributes attrs = dir.attrs;
     if (dir.opaque) attrs.xattrs.push_back({kOpaqueXattr, "y"});
     return attrs;
   }
@@ -77,7 +77,7 @@ class TreeWriter {
 
   const LowerStack& parents_;
   const WriteHooks& hooks_;
-  layerctl::ImageWriter& writer_;
+  erofs::ImageWriter& writer_;
   WriteStats stats_;
   std::map<const ChangeNode*, std::string> first_name_;  // non-directories: where they were written first
 };
@@ -118,7 +118,7 @@ Status TreeWriter::WriteEntry(const Frame& dir, const std::string& name, const C
         return OkStatus();
       }
       ++stats_.whiteouts;
-      return writer_.AddSpecial(path, FileType::kCharDevice, layerctl::Attributes{.mode = 0}, 0);
+      return writer_.AddSpecial(path, FileType::kCharDevice, erofs::Attributes{.mode = 0}, 0);
     }
     case EntryKind::kDirectory: {
       STRATA_RETURN_IF_ERROR(writer_.AddDirectory(path, WithOpaque(node)));
@@ -219,7 +219,7 @@ std::string_view EntryKindName(EntryKind kind) {
   return "?";
 }
 
-std::shared_ptr<ChangeNode> NewDirectory(const layerctl::Attributes& attrs) {
+std::shared_ptr<ChangeNode> NewDirectory(const erofs::Attributes& attrs) {
   auto node = std::make_shared<ChangeNode>();
   node->kind = EntryKind::kDirectory;
   node->attrs = attrs;
@@ -227,7 +227,7 @@ std::shared_ptr<ChangeNode> NewDirectory(const layerctl::Attributes& attrs) {
 }
 
 Result<WriteStats> WriteChangeTree(const ChangeNode& root, const LowerStack& parents, const WriteHooks& hooks,
-                                   layerctl::ImageWriter& writer) {
+                                   erofs::ImageWriter& writer) {
   if (root.kind != EntryKind::kDirectory) return Error(EINVAL, "write a diff: its root is not a directory");
   return TreeWriter(parents, hooks, writer).Run(root);
 }
@@ -236,8 +236,8 @@ bool IsOverlayPrivateXattr(std::string_view name) {
   return name.starts_with(kOverlayXattrPrefix) && !name.starts_with(kEscapedOverlayXattrPrefix);
 }
 
-Result<layerctl::Attributes> LayerAttributes(const erofs::Image& image, const erofs::Inode& inode) {
-  layerctl::Attributes attrs{.mode = inode.mode & 07777,
+Result<erofs::Attributes> LayerAttributes(const erofs::Image& image, const erofs::Inode& inode) {
+  erofs::Attributes attrs{.mode = inode.mode & 07777,
                              .uid = inode.uid,
                              .gid = inode.gid,
                              .mtime = inode.mtime,

@@ -14,7 +14,7 @@
 #include <string>
 
 #include "common/status.h"
-#include "layerctl/erofs_writer.h"
+#include "common/erofs/writer.h"
 #include "packdiff/lower_stack.h"
 
 namespace strata::packdiff {
@@ -39,7 +39,7 @@ struct ChangeNode {
   EntryKind kind = EntryKind::kDirectory;
   // Mode, owner, mtime and xattrs as the layer gets them; overlayfs's own
   // xattrs are not here (the opaque marker is `opaque`).
-  layerctl::Attributes attrs;
+  erofs::Attributes attrs;
   bool opaque = false;     // directories: hides the parents' directory here
   uint64_t size = 0;       // regular files
   FileData data;           // regular files
@@ -50,7 +50,7 @@ struct ChangeNode {
   std::map<std::string, std::shared_ptr<ChangeNode>> children;
 };
 
-std::shared_ptr<ChangeNode> NewDirectory(const layerctl::Attributes& attrs);
+std::shared_ptr<ChangeNode> NewDirectory(const erofs::Attributes& attrs);
 
 struct WriteStats {
   uint64_t directories = 0, opaque_directories = 0, files = 0, file_bytes = 0, symlinks = 0, specials = 0,
@@ -73,7 +73,7 @@ struct WriteHooks {
 // against their listing before and after they are read (EAGAIN naming the
 // path when they changed).
 Result<WriteStats> WriteChangeTree(const ChangeNode& root, const LowerStack& parents, const WriteHooks& hooks,
-                                   layerctl::ImageWriter& writer);
+                                   erofs::ImageWriter& writer);
 
 // Why an upper entry no longer matches what lstat said when it was listed
 // (replaced, resized, written, attributes changed), or "" when it does.
@@ -88,7 +88,7 @@ bool IsOverlayPrivateXattr(std::string_view name);
 
 // The layer Attributes of a published layer's inode (xattrs included,
 // trusted.overlay.opaque left out).
-Result<layerctl::Attributes> LayerAttributes(const erofs::Image& image, const erofs::Inode& inode);
+Result<erofs::Attributes> LayerAttributes(const erofs::Image& image, const erofs::Inode& inode);
 
 // A ChangeNode for a published layer's non-directory inode (its data read
 // from the layer when written).

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "cache/catalog.h"
-#include "common/erofs_reader.h"
+#include "common/erofs/reader.h"
 
 namespace strata::packdiff {
 

@@ -50,7 +50,7 @@ Result<PackReport> BuildAndPublish(const ChangeNode& tree, const LowerStack& par
                                    const cache::Catalog& catalog, PackReport report) {
   STRATA_ASSIGN_OR_RETURN(BuildDir dir, MakeBuildDir(build.output_dir));
   build.output_dir = dir.path;
-  auto fill = [&](layerctl::ImageWriter& writer) -> Status {
+  auto fill = [&](erofs::ImageWriter& writer) -> Status {
     STRATA_ASSIGN_OR_RETURN(report.written, WriteChangeTree(tree, parents, hooks, writer));
     return before_finish ? before_finish() : OkStatus();
   };

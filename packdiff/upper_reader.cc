@@ -128,7 +128,7 @@ Result<std::shared_ptr<ChangeNode>> UpperReader::Read() {
     if (x.name == kOpaqueXattr) opaque = x.value;
     if (!IsOverlayPrivateXattr(x.name)) kept.push_back(std::move(x));
   }
-  STRATA_ASSIGN_OR_RETURN(layerctl::Attributes attrs, Attributes("", st, std::move(kept)));
+  STRATA_ASSIGN_OR_RETURN(erofs::Attributes attrs, Attributes("", st, std::move(kept)));
   auto root = NewDirectory(attrs);
   root->opaque = opaque == "y";
   std::vector<Pending> stack;
@@ -339,9 +339,9 @@ Status UpperReader::Translate(const std::string& rel, const struct stat& st, int
   return Error(EINVAL, StrCat("upper entry ", Quote(rel), ": unknown file type 0", st.st_mode & S_IFMT));
 }
 
-Result<layerctl::Attributes> UpperReader::Attributes(const std::string& rel, const struct stat& st,
+Result<erofs::Attributes> UpperReader::Attributes(const std::string& rel, const struct stat& st,
                                                      std::vector<erofs::Xattr> xattrs) const {
-  layerctl::Attributes attrs{.mode = st.st_mode & 07777,
+  erofs::Attributes attrs{.mode = st.st_mode & 07777,
                              .uid = st.st_uid,
                              .gid = st.st_gid,
                              .mtime = st.st_mtim.tv_sec,
@@ -366,7 +366,7 @@ Status UpperReader::AddLower(ChangeNode& dir, const MergedEntry& lower, const st
     const std::string child_rel = Join2(rel, name);
     if (entry.is_dir) {
       const LayerInode& top = entry.top();
-      STRATA_ASSIGN_OR_RETURN(layerctl::Attributes attrs, LayerAttributes(parents_.image(top.layer), top.inode));
+      STRATA_ASSIGN_OR_RETURN(erofs::Attributes attrs, LayerAttributes(parents_.image(top.layer), top.inode));
       auto node = NewDirectory(attrs);
       STRATA_RETURN_IF_ERROR(AddLower(*node, entry, child_rel));
       dir.children[name] = std::move(node);

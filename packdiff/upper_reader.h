@@ -91,7 +91,7 @@ class UpperReader {
   Result<std::shared_ptr<ChangeNode>> LowerNode(const LayerInode& inode, const std::string& rel);
   Status Translate(const std::string& rel, const struct stat& st, int dir_fd, const std::string& name,
                    const Pending& parent, std::shared_ptr<ChangeNode>* out, std::optional<std::string>* child_lower);
-  Result<layerctl::Attributes> Attributes(const std::string& rel, const struct stat& st,
+  Result<erofs::Attributes> Attributes(const std::string& rel, const struct stat& st,
                                           std::vector<erofs::Xattr> xattrs) const;
 
   UpperOptions options_;

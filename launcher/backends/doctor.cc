@@ -70,7 +70,7 @@ std::vector<DoctorCheck> CheckMounts(const NodeConfig& node) {
   // From the tree directly (BuildLayer would bring the tar reader, and with
   // it libarchive, into the launcher).
   auto layer = s.ok() ? layerctl::BuildLayerFrom({.source = tmp->Sub("src"), .output_dir = tmp->Sub("layer")},
-                                                 [&](layerctl::ImageWriter& w) { return layerctl::AddDirectoryTree(tmp->Sub("src"), w); })
+                                                 [&](erofs::ImageWriter& w) { return layerctl::AddDirectoryTree(tmp->Sub("src"), w); })
                       : Result<layerctl::BuiltLayer>(s);
   if (!layer.ok()) return {{"erofs file-backed mount", false, false, "build a test layer: " + layer.status().ToString()}};
   s = MakeDirs(tmp->Sub("erofs"));

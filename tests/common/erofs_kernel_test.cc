@@ -9,7 +9,7 @@
 
 #include <cstring>
 
-#include "common/erofs_reader.h"
+#include "common/erofs/reader.h"
 #include "common/fs.h"
 #include "common/strings.h"
 #include "tests/common/erofs_test_util.h"

@@ -1,7 +1,7 @@
 // The EROFS reader against images mkfs.erofs 1.5 builds from rich trees, in
 // every layout it can write, plus hand-patched images for what it cannot
 // write (long xattr name prefixes, holes) and for corruption.
-#include "common/erofs_reader.h"
+#include "common/erofs/reader.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -14,7 +14,7 @@
 #include <random>
 #include <thread>
 
-#include "common/erofs_format.h"
+#include "common/erofs/format.h"
 #include "common/fs.h"
 #include "common/strings.h"
 #include "tests/common/erofs_test_util.h"

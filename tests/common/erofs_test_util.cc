@@ -17,7 +17,7 @@
 #include <random>
 #include <set>
 
-#include "common/erofs_format.h"
+#include "common/erofs/format.h"
 #include "common/fs.h"
 #include "common/strings.h"
 #include "common/subprocess.h"

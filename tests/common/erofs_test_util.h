@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "common/erofs_reader.h"
+#include "common/erofs/reader.h"
 #include "common/status.h"
 
 namespace strata::erofs::testing {

@@ -15,8 +15,8 @@
 #include <string>
 #include <vector>
 
-#include "common/erofs_format.h"
-#include "common/erofs_reader.h"
+#include "common/erofs/format.h"
+#include "common/erofs/reader.h"
 
 namespace {
 

@@ -1,7 +1,7 @@
 // The EROFS image writer: every image is read back through strata's reader,
 // checked by fsck.erofs and (as root) mounted by the kernel, which must show
 // the same tree (tests/layerctl/image_check.h).
-#include "layerctl/erofs_writer.h"
+#include "common/erofs/writer.h"
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
@@ -12,13 +12,13 @@
 #include <algorithm>
 #include <cstring>
 
-#include "common/erofs_format.h"
+#include "common/erofs/format.h"
 #include "common/fs.h"
 #include "common/strings.h"
 #include "tests/layerctl/image_check.h"
 #include "tests/testing/test_util.h"
 
-namespace strata::layerctl {
+namespace strata::erofs {
 namespace {
 
 using erofs::FileType;
@@ -714,4 +714,4 @@ TEST_F(ErofsWriterTest, ErrorsNameThePathAndTheStep) {
 }
 
 }  // namespace
-}  // namespace strata::layerctl
+}  // namespace strata::erofs

@@ -5,7 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "common/erofs_format.h"
+#include "common/erofs/format.h"
 #include "common/fs.h"
 #include "common/mount.h"
 #include "common/strings.h"

@@ -5,7 +5,7 @@
 #include <memory>
 #include <string>
 
-#include "common/erofs_reader.h"
+#include "common/erofs/reader.h"
 #include "common/status.h"
 #include "tests/testing/tree.h"
 

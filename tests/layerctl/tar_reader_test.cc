@@ -97,7 +97,7 @@ class TarReaderTest : public ::testing::Test {
  protected:
   // Reads tar() into a fresh image and checks it (reader, fsck, kernel).
   Result<testing::CheckedImage> Build(TarStats* stats = nullptr) {
-    STRATA_ASSIGN_OR_RETURN(auto w, ImageWriter::Create({.blob_path = dir_.Sub("blob.img")}));
+    STRATA_ASSIGN_OR_RETURN(auto w, erofs::ImageWriter::Create({.blob_path = dir_.Sub("blob.img")}));
     STRATA_ASSIGN_OR_RETURN(TarStats s, AddTar(tar(), *w));
     if (stats) *stats = s;
     STRATA_RETURN_IF_ERROR(w->Finish(dir_.Sub("meta.img")).status());
@@ -105,7 +105,7 @@ class TarReaderTest : public ::testing::Test {
   }
   // Reads tar() and returns the error it must give.
   Status BuildError() {
-    auto w = ImageWriter::Create({.blob_path = dir_.Sub("blob.img")});
+    auto w = erofs::ImageWriter::Create({.blob_path = dir_.Sub("blob.img")});
     if (!w.ok()) return w.status();
     auto r = AddTar(tar(), **w);
     return r.ok() ? Error(EINVAL, "the archive was accepted") : r.status();
@@ -297,7 +297,7 @@ TEST_F(TarReaderTest, TruncatedOrCorruptArchivesAreClearErrors) {
   ASSERT_OK(WriteFileAtomic(tar(), std::string(5000, '\x7f')));
   s = BuildError();
   EXPECT_NE(s.ToString().find(tar()), std::string::npos) << s.ToString();
-  ASSERT_OK_AND_ASSIGN(auto w, ImageWriter::Create({.blob_path = dir_.Sub("blob.img")}));
+  ASSERT_OK_AND_ASSIGN(auto w, erofs::ImageWriter::Create({.blob_path = dir_.Sub("blob.img")}));
   const auto missing = AddTar(dir_.Sub("missing.tar"), *w);
   ASSERT_FALSE(missing.ok());
   EXPECT_NE(missing.status().ToString().find("missing.tar"), std::string::npos);

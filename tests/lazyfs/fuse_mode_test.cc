@@ -14,8 +14,8 @@
 #include <thread>
 
 #include "cache/catalog.h"
-#include "common/erofs_format.h"
-#include "common/erofs_reader.h"
+#include "common/erofs/format.h"
+#include "common/erofs/reader.h"
 #include "common/fs.h"
 #include "common/mount.h"
 #include "common/strings.h"

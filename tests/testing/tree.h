@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "common/erofs_reader.h"
+#include "common/erofs/reader.h"
 #include "common/hash.h"
 #include "common/status.h"
 

@@ -37,13 +37,12 @@
 #include <string_view>
 #include <vector>
 
-#include "cache/manifest.h"
-#include "common/erofs_reader.h"
+#include "common/erofs/reader.h"
 #include "common/hash.h"
 #include "common/status.h"
 #include "common/unique_fd.h"
 
-namespace strata::layerctl {
+namespace strata::erofs {
 
 // What every entry carries besides its type and data.
 struct Attributes {
@@ -57,7 +56,7 @@ struct Attributes {
   // directories, as Linux has them); values are at most 65,535 bytes (EROFS's
   // value size is 16 bits); an inode's xattrs take at most 256 KiB in all.
   // Stored sorted by name; a name given twice keeps the last value.
-  std::vector<erofs::Xattr> xattrs;
+  std::vector<Xattr> xattrs;
 };
 
 // One piece of a regular file's data: `data` belongs at file offset
@@ -72,6 +71,15 @@ struct DataPiece {
 // until the next call.
 using DataSource = std::function<Result<std::optional<DataPiece>>()>;
 
+// A piece of the blob as a store keeps it: `length` data bytes at blob
+// `offset` (block-aligned), named by their XXH3-128 (a layer manifest's
+// extent).
+struct BlobExtent {
+  uint64_t offset = 0;
+  uint64_t length = 0;
+  Digest128 hash;
+};
+
 // What Finish returns.
 struct ImageSummary {
   // The manifest's extents, by offset: every chunk stored in the blob,
@@ -79,7 +87,7 @@ struct ImageSummary {
   // `length` is the data bytes up to the end of the last chunk's data (not
   // rounded up); the blob holds zeros from offset + length to the next
   // extent, and between a group's chunks.
-  std::vector<cache::Extent> extents;
+  std::vector<BlobExtent> extents;
   uint64_t inodes = 0;      // inodes in the image (a hardlinked file counts once)
   uint64_t file_bytes = 0;  // sum of the sizes of the regular-file inodes
   uint64_t meta_size = 0;   // bytes of the metadata image (whole blocks)
@@ -133,7 +141,7 @@ class ImageWriter {
 
   // A character or block device (rdev as makedev() encodes it; major below
   // 4096, minor below 2^20), a FIFO or a socket (rdev ignored).
-  Status AddSpecial(std::string_view path, erofs::FileType type, const Attributes& attrs, uint64_t rdev = 0);
+  Status AddSpecial(std::string_view path, FileType type, const Attributes& attrs, uint64_t rdev = 0);
 
   // Another name for the inode at `target` (added earlier; not a
   // directory). The link keeps that inode even if `target` is later
@@ -145,7 +153,7 @@ class ImageWriter {
 
   // The type of the entry at `path`, nullopt when there is none. Never
   // follows symlinks.
-  std::optional<erofs::FileType> TypeOf(std::string_view path) const;
+  std::optional<FileType> TypeOf(std::string_view path) const;
 
   // Lays out and writes the metadata image to `meta_path` (created or
   // truncated), finishes the blob (chunks no inode uses any more, after
@@ -157,7 +165,7 @@ class ImageWriter {
   struct Node;
   struct StoredChunk;
   struct ChunkMap;
-  Result<std::vector<cache::Extent>> GroupSmallChunks(const std::vector<const StoredChunk*>& live) const;
+  Result<std::vector<BlobExtent>> GroupSmallChunks(const std::vector<const StoredChunk*>& live) const;
   class ChunkAssembler;
 
   explicit ImageWriter(const Options& options);
@@ -172,7 +180,7 @@ class ImageWriter {
   Node* Find(std::string_view path) const;
   // Links `node` into `parent` as `name`, replacing what was there.
   void Place(Node* parent, std::string_view name, std::shared_ptr<Node> node);
-  Result<std::shared_ptr<Node>> NewNode(std::string_view what, std::string_view path, erofs::FileType type,
+  Result<std::shared_ptr<Node>> NewNode(std::string_view what, std::string_view path, FileType type,
                                         const Attributes& attrs);
   Status CheckXattrArea(std::string_view what, std::string_view path, const Node& node) const;
   Status CheckFileSize(std::string_view path, uint64_t size) const;
@@ -192,4 +200,4 @@ class ImageWriter {
   std::vector<char> buffer_;             // one chunk of file data
 };
 
-}  // namespace strata::layerctl
+}  // namespace strata::erofs

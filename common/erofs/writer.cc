@@ -20,7 +20,7 @@
 // reads. An inode, its xattrs and an inline tail always share one block, as
 // mkfs.erofs does it: the kernel insists on the tail, and keeping the rest
 // there too keeps fast symlinks fast.
-#include "layerctl/erofs_writer.h"
+#include "common/erofs/writer.h"
 
 #include <fcntl.h>
 #include <linux/falloc.h>
@@ -36,26 +36,25 @@
 #include <unordered_map>
 #include <utility>
 
-#include "common/erofs_format.h"
+#include "common/erofs/format.h"
 #include "common/fs.h"
 #include "common/strings.h"
 
-namespace strata::layerctl {
+namespace strata::erofs {
 
-using erofs::FileType;
 
 namespace {
 
 constexpr uint32_t kHoleChunk = UINT32_MAX;
-constexpr uint64_t kInodeSize = sizeof(erofs::InodeExtended);
-constexpr uint64_t kDevTableOffset = erofs::kSuperOffset + erofs::kSuperBlockBaseSize;
-constexpr uint64_t kFirstInodeOffset = kDevTableOffset + sizeof(erofs::DeviceSlot);
-static_assert(kDevTableOffset % sizeof(erofs::DeviceSlot) == 0);
-static_assert(kFirstInodeOffset % (1u << erofs::kInodeSlotBits) == 0);
+constexpr uint64_t kInodeSize = sizeof(InodeExtended);
+constexpr uint64_t kDevTableOffset = kSuperOffset + kSuperBlockBaseSize;
+constexpr uint64_t kFirstInodeOffset = kDevTableOffset + sizeof(DeviceSlot);
+static_assert(kDevTableOffset % sizeof(DeviceSlot) == 0);
+static_assert(kFirstInodeOffset % (1u << kInodeSlotBits) == 0);
 // i_xattr_icount is 16 bits: the inline xattr area is at most this.
-constexpr uint64_t kMaxXattrArea = sizeof(erofs::XattrIbodyHeader) + 4 * (uint64_t{UINT16_MAX} - 1);
+constexpr uint64_t kMaxXattrArea = sizeof(XattrIbodyHeader) + 4 * (uint64_t{UINT16_MAX} - 1);
 constexpr uint64_t kMaxXattrValue = UINT16_MAX;  // e_value_size is 16 bits
-constexpr uint64_t kMaxSymlink = erofs::kMaxSymlinkSize;
+constexpr uint64_t kMaxSymlink = kMaxSymlinkSize;
 // A chunk table beyond this (1 GiB of indexes; 128 TiB at 1 MiB chunks) is
 // a hostile or broken size, not a file.
 constexpr uint64_t kMaxChunksPerFile = uint64_t{1} << 27;
@@ -73,7 +72,7 @@ Status FailErrno(int err, std::string_view what, std::string_view path, std::str
   return Fail(err, what, path, StrCat(step, ": ", std::strerror(err)));
 }
 
-std::string_view TypeName(FileType type) { return erofs::FileTypeName(type); }
+std::string_view TypeName(FileType type) { return FileTypeName(type); }
 
 uint16_t TypeBits(FileType type) {
   switch (type) {
@@ -90,21 +89,21 @@ uint16_t TypeBits(FileType type) {
 
 uint8_t DirentType(FileType type) {
   switch (type) {
-    case FileType::kRegular: return erofs::kFtRegular;
-    case FileType::kDirectory: return erofs::kFtDirectory;
-    case FileType::kSymlink: return erofs::kFtSymlink;
-    case FileType::kCharDevice: return erofs::kFtCharDevice;
-    case FileType::kBlockDevice: return erofs::kFtBlockDevice;
-    case FileType::kFifo: return erofs::kFtFifo;
-    case FileType::kSocket: return erofs::kFtSocket;
+    case FileType::kRegular: return kFtRegular;
+    case FileType::kDirectory: return kFtDirectory;
+    case FileType::kSymlink: return kFtSymlink;
+    case FileType::kCharDevice: return kFtCharDevice;
+    case FileType::kBlockDevice: return kFtBlockDevice;
+    case FileType::kFifo: return kFtFifo;
+    case FileType::kSocket: return kFtSocket;
   }
-  return erofs::kFtUnknown;
+  return kFtUnknown;
 }
 
 // Little-endian store for the on-disk structures.
 template <typename T>
 T ToLe(T v) {
-  return erofs::Le(v);  // the conversion is its own inverse
+  return Le(v);  // the conversion is its own inverse
 }
 
 // Splits a relative path into its components and checks each.
@@ -121,9 +120,9 @@ Result<std::vector<std::string_view>> SplitPath(std::string_view what, std::stri
     if (part == "." || part == "..") {
       return Fail(EINVAL, what, path, StrCat("path component ", Quote(part), " is not allowed"));
     }
-    if (part.size() > erofs::kNameMax) {
+    if (part.size() > kNameMax) {
       return Fail(ENAMETOOLONG, what, path,
-                  StrCat("a name of ", part.size(), " bytes (at most ", erofs::kNameMax, ")"));
+                  StrCat("a name of ", part.size(), " bytes (at most ", kNameMax, ")"));
     }
     if (part.find('\0') != std::string_view::npos) return Fail(EINVAL, what, path, "a name contains a NUL byte");
     parts.push_back(part);
@@ -141,11 +140,11 @@ Result<std::pair<uint8_t, std::string_view>> XattrKey(std::string_view name) {
     bool whole;  // the name is exactly the prefix
   };
   static constexpr Prefix kPrefixes[] = {
-      {"user.", erofs::kXattrIndexUser, false},
-      {"trusted.", erofs::kXattrIndexTrusted, false},
-      {"security.", erofs::kXattrIndexSecurity, false},
-      {"system.posix_acl_access", erofs::kXattrIndexPosixAclAccess, true},
-      {"system.posix_acl_default", erofs::kXattrIndexPosixAclDefault, true},
+      {"user.", kXattrIndexUser, false},
+      {"trusted.", kXattrIndexTrusted, false},
+      {"security.", kXattrIndexSecurity, false},
+      {"system.posix_acl_access", kXattrIndexPosixAclAccess, true},
+      {"system.posix_acl_default", kXattrIndexPosixAclDefault, true},
   };
   if (name.find('\0') != std::string_view::npos) {
     return Error(EINVAL, StrCat("xattr name ", Quote(name), " contains a NUL byte"));
@@ -154,9 +153,9 @@ Result<std::pair<uint8_t, std::string_view>> XattrKey(std::string_view name) {
     if (p.whole ? name != p.text : !name.starts_with(p.text)) continue;
     std::string_view rest = name.substr(p.text.size());
     if (!p.whole && rest.empty()) return Error(EINVAL, StrCat("xattr name ", Quote(name), " is only a prefix"));
-    if (rest.size() > erofs::kNameMax) {
+    if (rest.size() > kNameMax) {
       return Error(ERANGE,
-                   StrCat("xattr name ", Quote(name), " is longer than ", erofs::kNameMax, " bytes after its prefix"));
+                   StrCat("xattr name ", Quote(name), " is longer than ", kNameMax, " bytes after its prefix"));
     }
     return std::make_pair(p.index, rest);
   }
@@ -168,7 +167,7 @@ Result<std::pair<uint8_t, std::string_view>> XattrKey(std::string_view name) {
 uint64_t XattrEntrySize(std::string_view name, std::string_view value) {
   // XattrKey succeeded for every stored name.
   auto key = XattrKey(name);
-  return AlignUp(sizeof(erofs::XattrEntry) + key->second.size() + value.size(), 4);
+  return AlignUp(sizeof(XattrEntry) + key->second.size() + value.size(), 4);
 }
 
 // True when all n bytes are zero. Checks 256 bytes at a time so the inner
@@ -216,10 +215,10 @@ struct ImageWriter::Node {
   uint32_t ino = 0;
   uint64_t pos = 0;  // byte offset of the inode in the metadata image
   uint64_t xattr_size = 0;
-  uint32_t layout = erofs::kLayoutFlatPlain;
+  uint32_t layout = kLayoutFlatPlain;
   uint64_t data_size = 0;    // directories: dirent bytes; symlinks: target bytes
   uint64_t data_blocks = 0;  // blocks in the data area
-  uint32_t start_block = erofs::kNullAddr;
+  uint32_t start_block = kNullAddr;
   std::vector<size_t> dir_blocks;  // directories: index of the first entry of each block
 };
 
@@ -348,14 +347,14 @@ ImageWriter::~ImageWriter() = default;
 
 Result<std::unique_ptr<ImageWriter>> ImageWriter::Create(const Options& options) {
   const uint32_t b = options.block_size, c = options.chunk_size;
-  if (!std::has_single_bit(b) || b < 4096 || b > (1u << erofs::kMaxBlockBits)) {
+  if (!std::has_single_bit(b) || b < 4096 || b > (1u << kMaxBlockBits)) {
     return Error(EINVAL, StrCat("erofs writer: block size ", b, ": must be a power of two from 4096 to 65536"));
   }
   if (!std::has_single_bit(c) || c < b) {
     return Error(EINVAL, StrCat("erofs writer: chunk size ", c, ": must be a power of two of at least the block size (",
                                 b, ")"));
   }
-  if (std::countr_zero(c) - std::countr_zero(b) > erofs::kChunkFormatBlkbitsMask) {
+  if (std::countr_zero(c) - std::countr_zero(b) > kChunkFormatBlkbitsMask) {
     return Error(EINVAL, StrCat("erofs writer: chunk size ", c, " is too large"));
   }
   std::unique_ptr<ImageWriter> w(new ImageWriter(options));
@@ -433,7 +432,7 @@ Result<std::shared_ptr<ImageWriter::Node>> ImageWriter::NewNode(std::string_view
     return Fail(EINVAL, what, path, StrCat("mtime nanoseconds ", attrs.mtime_nsec, " are not below 10^9"));
   }
   node->mtime_nsec = attrs.mtime_nsec;
-  for (const erofs::Xattr& x : attrs.xattrs) {
+  for (const Xattr& x : attrs.xattrs) {
     auto key = XattrKey(x.name);
     if (!key.ok()) return Fail(key.status().code(), what, path, key.status().message());
     if (x.value.size() > kMaxXattrValue) {
@@ -458,7 +457,7 @@ Status ImageWriter::CheckXattrArea(std::string_view what, std::string_view path,
                   StrCat("xattr ", Quote(user->first), ": user.* xattrs exist only on regular files and directories"));
     }
   }
-  uint64_t area = sizeof(erofs::XattrIbodyHeader);
+  uint64_t area = sizeof(XattrIbodyHeader);
   for (const auto& [name, value] : node.xattrs) area += XattrEntrySize(name, value);
   if (area > kMaxXattrArea) {
     return Fail(
@@ -674,7 +673,7 @@ Result<uint32_t> ImageWriter::StoreChunk(std::string_view path, uint64_t file_of
   if (it != chunk_ids_->ids.end()) return it->second;
   const uint64_t padded = AlignUp(length, options_.block_size);  // <= chunk size, the buffer's size
   std::memset(data + length, 0, padded - length);
-  if (((blob_end_ + padded) >> blkbits_) > erofs::kNullAddr - 1) {
+  if (((blob_end_ + padded) >> blkbits_) > kNullAddr - 1) {
     return Fail(EFBIG, "file", path, "the blob would pass 2^32 blocks, the most a chunk index can address");
   }
   Status written = PwriteFull(blob_fd_.get(), std::span<const char>(data, padded), blob_end_);
@@ -702,10 +701,10 @@ Result<uint32_t> ImageWriter::StoreChunk(std::string_view path, uint64_t file_of
 // that ended by a name (usually none or one: a group ends by size only
 // when its members average over 8 KiB); the groups after that are the same
 // as before, wherever their chunks moved in the blob.
-Result<std::vector<cache::Extent>> ImageWriter::GroupSmallChunks(const std::vector<const StoredChunk*>& live) const {
+Result<std::vector<BlobExtent>> ImageWriter::GroupSmallChunks(const std::vector<const StoredChunk*>& live) const {
   const uint64_t group = std::min<uint64_t>(options_.group_size, options_.chunk_size);
   const uint64_t bsize = options_.block_size;
-  std::vector<cache::Extent> out;
+  std::vector<BlobExtent> out;
   std::string buf;
   auto small = [&](const StoredChunk& c) { return group > 0 && c.length < group / 2; };
   for (size_t i = 0; i < live.size();) {
@@ -851,14 +850,14 @@ Result<ImageSummary> ImageWriter::Finish(const std::string& meta_path) {
   // 2. Sizes: xattrs, directory blocks, data.
   for (Node* node : order) {
     if (!node->xattrs.empty()) {
-      node->xattr_size = sizeof(erofs::XattrIbodyHeader);
+      node->xattr_size = sizeof(XattrIbodyHeader);
       for (const auto& [name, value] : node->xattrs) node->xattr_size += XattrEntrySize(name, value);
     }
     if (node->type == FileType::kDirectory) {
       const auto entries = sorted_entries(*node);
       uint64_t used = 0, total = 0;
       for (size_t i = 0; i < entries.size(); ++i) {
-        const uint64_t need = sizeof(erofs::Dirent) + entries[i].name.size();
+        const uint64_t need = sizeof(Dirent) + entries[i].name.size();
         if (i == 0 || used + need > bsize) {
           if (i != 0) total += bsize;
           node->dir_blocks.push_back(i);
@@ -875,18 +874,18 @@ Result<ImageSummary> ImageWriter::Finish(const std::string& meta_path) {
   // 3. Place the inodes, then the data blocks after them.
   uint64_t pos = kFirstInodeOffset;
   for (Node* node : order) {
-    pos = AlignUp(pos, 1u << erofs::kInodeSlotBits);
+    pos = AlignUp(pos, 1u << kInodeSlotBits);
     const uint64_t head = kInodeSize + node->xattr_size;
     uint64_t end;
     switch (node->type) {
       case FileType::kRegular:
         if (node->size == 0) {
-          node->layout = erofs::kLayoutFlatPlain;
+          node->layout = kLayoutFlatPlain;
           end = pos + head;
         } else {
-          node->layout = erofs::kLayoutChunkBased;
+          node->layout = kLayoutChunkBased;
           const uint64_t nchunks = (node->size + options_.chunk_size - 1) / options_.chunk_size;
-          end = AlignUp(pos + head, sizeof(erofs::ChunkIndex)) + nchunks * sizeof(erofs::ChunkIndex);
+          end = AlignUp(pos + head, sizeof(ChunkIndex)) + nchunks * sizeof(ChunkIndex);
         }
         break;
       case FileType::kDirectory:
@@ -903,27 +902,27 @@ Result<ImageSummary> ImageWriter::Finish(const std::string& meta_path) {
             inline_tail = true;
           }
         }
-        node->layout = inline_tail ? erofs::kLayoutFlatInline : erofs::kLayoutFlatPlain;
+        node->layout = inline_tail ? kLayoutFlatInline : kLayoutFlatPlain;
         node->data_blocks = inline_tail ? full : full + (tail != 0);
         end = pos + head + (inline_tail ? tail : 0);
         break;
       }
       default:
-        node->layout = erofs::kLayoutFlatPlain;
+        node->layout = kLayoutFlatPlain;
         end = pos + head;
         break;
     }
     node->pos = pos;
     pos = end;
   }
-  const uint64_t root_nid = root_->pos >> erofs::kInodeSlotBits;
+  const uint64_t root_nid = root_->pos >> kInodeSlotBits;
   if (root_nid > UINT16_MAX) return fail(EFAULT, StrCat("layout error: root nid ", root_nid));
   uint64_t next_block = AlignUp(pos, bsize) / bsize;
   for (Node* node : order) {
     if (node->data_blocks == 0) continue;
     node->start_block = static_cast<uint32_t>(next_block);
     next_block += node->data_blocks;
-    if (next_block >= erofs::kNullAddr) return fail(EFBIG, "the metadata image would pass 2^32 blocks");
+    if (next_block >= kNullAddr) return fail(EFBIG, "the metadata image would pass 2^32 blocks");
   }
   const uint64_t meta_blocks = next_block;
   uint32_t ino = 0;
@@ -968,20 +967,20 @@ Result<ImageSummary> ImageWriter::Finish(const std::string& meta_path) {
   MetaOut out(meta_fd->get(), options_.block_size);
   auto io = [&](Status s) { return s.ok() ? s : fail(s.code(), StrCat("write: ", s.message())); };
 
-  erofs::SuperBlock sb{};
-  sb.magic = ToLe(erofs::kSuperMagic);
-  sb.feature_compat = ToLe(erofs::kCompatSbChecksum);
+  SuperBlock sb{};
+  sb.magic = ToLe(kSuperMagic);
+  sb.feature_compat = ToLe(kCompatSbChecksum);
   sb.blkszbits = static_cast<uint8_t>(blkbits_);
   sb.root_nid_2b = ToLe(static_cast<uint16_t>(root_nid));
   sb.inos = ToLe(static_cast<uint64_t>(order.size()));
   sb.blocks_lo = ToLe(static_cast<uint32_t>(meta_blocks));
-  sb.feature_incompat = ToLe(erofs::kIncompatChunkedFile | erofs::kIncompatDeviceTable);
+  sb.feature_incompat = ToLe(kIncompatChunkedFile | kIncompatDeviceTable);
   sb.extra_devices = ToLe(uint16_t{1});
-  sb.devt_slotoff = ToLe(static_cast<uint16_t>(kDevTableOffset / sizeof(erofs::DeviceSlot)));
-  erofs::DeviceSlot slot{};
+  sb.devt_slotoff = ToLe(static_cast<uint16_t>(kDevTableOffset / sizeof(DeviceSlot)));
+  DeviceSlot slot{};
   slot.blocks_lo = ToLe(static_cast<uint32_t>(blob_size / bsize));
-  STRATA_RETURN_IF_ERROR(io(out.ZeroTo(erofs::kSuperOffset)));
-  STRATA_RETURN_IF_ERROR(io(out.Append(&sb, erofs::kSuperBlockBaseSize)));
+  STRATA_RETURN_IF_ERROR(io(out.ZeroTo(kSuperOffset)));
+  STRATA_RETURN_IF_ERROR(io(out.Append(&sb, kSuperBlockBaseSize)));
   STRATA_RETURN_IF_ERROR(io(out.AppendStruct(slot)));
 
   // Directory block `b` of `dir`: its dirents, then their names; a full
@@ -990,10 +989,10 @@ Result<ImageSummary> ImageWriter::Finish(const std::string& meta_path) {
     const size_t first = dir.dir_blocks[b];
     const size_t last = b + 1 < dir.dir_blocks.size() ? dir.dir_blocks[b + 1] : entries.size();
     const uint64_t start = out.pos();
-    uint64_t nameoff = sizeof(erofs::Dirent) * (last - first);
+    uint64_t nameoff = sizeof(Dirent) * (last - first);
     for (size_t i = first; i < last; ++i) {
-      erofs::Dirent d{};
-      d.nid = ToLe(entries[i].node->pos >> erofs::kInodeSlotBits);
+      Dirent d{};
+      d.nid = ToLe(entries[i].node->pos >> kInodeSlotBits);
       d.nameoff = ToLe(static_cast<uint16_t>(nameoff));
       d.file_type = DirentType(entries[i].node->type);
       STRATA_RETURN_IF_ERROR(out.AppendStruct(d));
@@ -1005,20 +1004,20 @@ Result<ImageSummary> ImageWriter::Finish(const std::string& meta_path) {
   };
 
   const uint16_t chunk_format = static_cast<uint16_t>(
-      erofs::kChunkFormatIndexes | (std::countr_zero(options_.chunk_size) - static_cast<int>(blkbits_)));
+      kChunkFormatIndexes | (std::countr_zero(options_.chunk_size) - static_cast<int>(blkbits_)));
   for (Node* node : order) {
     STRATA_RETURN_IF_ERROR(io(out.ZeroTo(node->pos)));
-    erofs::InodeExtended di{};
-    di.i_format = ToLe(static_cast<uint16_t>(erofs::kIFormatExtended | (node->layout << erofs::kIFormatLayoutShift)));
+    InodeExtended di{};
+    di.i_format = ToLe(static_cast<uint16_t>(kIFormatExtended | (node->layout << kIFormatLayoutShift)));
     di.i_xattr_icount = ToLe(static_cast<uint16_t>(
-        node->xattr_size == 0 ? 0 : (node->xattr_size - sizeof(erofs::XattrIbodyHeader)) / 4 + 1));
+        node->xattr_size == 0 ? 0 : (node->xattr_size - sizeof(XattrIbodyHeader)) / 4 + 1));
     di.i_mode = ToLe(static_cast<uint16_t>(TypeBits(node->type) | node->perm));
     uint32_t iu = 0;
     uint64_t size = 0;
     switch (node->type) {
       case FileType::kRegular:
         size = node->size;
-        iu = node->size == 0 ? erofs::kNullAddr : chunk_format;
+        iu = node->size == 0 ? kNullAddr : chunk_format;
         break;
       case FileType::kDirectory:
       case FileType::kSymlink:
@@ -1041,11 +1040,11 @@ Result<ImageSummary> ImageWriter::Finish(const std::string& meta_path) {
     STRATA_RETURN_IF_ERROR(io(out.AppendStruct(di)));
 
     if (!node->xattrs.empty()) {
-      erofs::XattrIbodyHeader header{};
+      XattrIbodyHeader header{};
       STRATA_RETURN_IF_ERROR(io(out.AppendStruct(header)));
       for (const auto& [name, value] : node->xattrs) {
         auto key = XattrKey(name);
-        erofs::XattrEntry e{};
+        XattrEntry e{};
         e.e_name_len = static_cast<uint8_t>(key->second.size());
         e.e_name_index = key->first;
         e.e_value_size = ToLe(static_cast<uint16_t>(value.size()));
@@ -1057,15 +1056,15 @@ Result<ImageSummary> ImageWriter::Finish(const std::string& meta_path) {
       }
     }
 
-    if (node->layout == erofs::kLayoutChunkBased) {
-      STRATA_RETURN_IF_ERROR(io(out.ZeroTo(AlignUp(out.pos(), sizeof(erofs::ChunkIndex)))));
+    if (node->layout == kLayoutChunkBased) {
+      STRATA_RETURN_IF_ERROR(io(out.ZeroTo(AlignUp(out.pos(), sizeof(ChunkIndex)))));
       const uint64_t nchunks = (node->size + options_.chunk_size - 1) / options_.chunk_size;
-      erofs::ChunkIndex hole{};
-      hole.startblk_lo = ToLe(erofs::kNullAddr);
+      ChunkIndex hole{};
+      hole.startblk_lo = ToLe(kNullAddr);
       auto next = node->chunks.begin();
       for (uint64_t c = 0; c < nchunks; ++c) {
         if (next != node->chunks.end() && next->first == c) {
-          erofs::ChunkIndex index{};
+          ChunkIndex index{};
           index.device_id = ToLe(uint16_t{1});
           index.startblk_lo = ToLe(static_cast<uint32_t>(chunks_[next->second].offset >> blkbits_));
           STRATA_RETURN_IF_ERROR(io(out.AppendStruct(index)));
@@ -1074,7 +1073,7 @@ Result<ImageSummary> ImageWriter::Finish(const std::string& meta_path) {
           STRATA_RETURN_IF_ERROR(io(out.AppendStruct(hole)));
         }
       }
-    } else if (node->layout == erofs::kLayoutFlatInline) {
+    } else if (node->layout == kLayoutFlatInline) {
       const uint64_t tail_start = node->data_size / bsize * bsize;
       if (node->type == FileType::kSymlink) {
         STRATA_RETURN_IF_ERROR(io(out.Append(std::string_view(node->target).substr(tail_start))));
@@ -1101,7 +1100,7 @@ Result<ImageSummary> ImageWriter::Finish(const std::string& meta_path) {
   STRATA_RETURN_IF_ERROR(io(out.Flush()));
 
   // 6. UUID from the content, then the superblock checksum.
-  for (const cache::Extent& e : summary.extents) {
+  for (const BlobExtent& e : summary.extents) {
     uint8_t bytes[16];
     e.hash.ToBytes(bytes);
     out.hasher().Update(std::string_view(reinterpret_cast<const char*>(bytes), sizeof bytes));
@@ -1111,10 +1110,10 @@ Result<ImageSummary> ImageWriter::Finish(const std::string& meta_path) {
   uuid[6] = static_cast<uint8_t>((uuid[6] & 0x0f) | 0x80);  // RFC 9562 version 8: custom
   uuid[8] = static_cast<uint8_t>((uuid[8] & 0x3f) | 0x80);  // variant 10
   std::string& block0 = out.first_block();
-  std::memcpy(block0.data() + erofs::kSuperOffset + offsetof(erofs::SuperBlock, uuid), uuid, sizeof uuid);
-  const uint32_t crc = erofs::Crc32c(0xFFFFFFFFu, std::string_view(block0).substr(erofs::kSuperOffset));
+  std::memcpy(block0.data() + kSuperOffset + offsetof(SuperBlock, uuid), uuid, sizeof uuid);
+  const uint32_t crc = Crc32c(0xFFFFFFFFu, std::string_view(block0).substr(kSuperOffset));
   const uint32_t crc_le = ToLe(crc);
-  std::memcpy(block0.data() + erofs::kSuperOffset + offsetof(erofs::SuperBlock, checksum), &crc_le, sizeof crc_le);
+  std::memcpy(block0.data() + kSuperOffset + offsetof(SuperBlock, checksum), &crc_le, sizeof crc_le);
   STRATA_RETURN_IF_ERROR(io(PwriteFull(meta_fd->get(), block0, 0)));
 
   // 7. The hash of the image as it now is.
@@ -1136,4 +1135,4 @@ Result<ImageSummary> ImageWriter::Finish(const std::string& meta_path) {
   return summary;
 }
 
-}  // namespace strata::layerctl
+}  // namespace strata::erofs

@@ -1,7 +1,7 @@
 // The EROFS reader. The image is hostile input: every value read from it is
 // range-checked before it becomes an offset, a length, a loop bound or an
 // allocation size, and all arithmetic on such values is overflow-checked.
-#include "common/erofs_reader.h"
+#include "common/erofs/reader.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -15,7 +15,7 @@
 #include <unordered_set>
 #include <utility>
 
-#include "common/erofs_format.h"
+#include "common/erofs/format.h"
 #include "common/fs.h"
 #include "common/strings.h"
 #include "common/unique_fd.h"
