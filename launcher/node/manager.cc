@@ -1,5 +1,6 @@
 // SandboxManager: the daemon's sandboxes and their registry.
 #include "launcher/node/manager.h"
+#include "launcher/node/warm_policy.h"
 
 #include <dirent.h>
 #include <signal.h>
@@ -71,8 +72,6 @@ Result<SandboxSpec> WarmSpecFromJson(const json& j) {
 
 constexpr int kWarmFillers = 2;     // sandboxes made at once for pools
 constexpr int kWarmMaxSize = 4096;
-// Refills wait until takes have paused this long.
-constexpr auto kRefillQuiet = std::chrono::milliseconds(200);
 
 json CallSpecJson(const SandboxSpec& spec) {
   return {{"layers", spec.layers}, {"env", spec.env}, {"workdir", spec.workdir}, {"files", spec.files.ToJson()}};
@@ -84,19 +83,8 @@ json CallSpecJson(const SandboxSpec& spec) {
 Result<std::unique_ptr<SandboxManager>> SandboxManager::Open(NodeConfig node, const std::string& state_dir) {
   node.managed = true;
   std::unique_ptr<SandboxManager> m(new SandboxManager(std::move(node)));
-  STRATA_RETURN_IF_ERROR(MakeDirs(state_dir, 0700));
-  LmdbEnv::Options o;
-  o.map_size = size_t{256} << 20;
-  // One sync per commit, not two (the meta page's waits for the next
-  // commit): a machine crash may undo the last commit, never corrupt it.
-  o.flags = MDB_NOMETASYNC;
-  STRATA_ASSIGN_OR_RETURN(m->lasting_env_, LmdbEnv::Open(state_dir, o));
-  {
-    STRATA_ASSIGN_OR_RETURN(LmdbTxn txn, LmdbTxn::Begin(m->lasting_env_, false));
-    STRATA_ASSIGN_OR_RETURN(m->lasting_db_, txn.OpenDb("sandboxes", MDB_CREATE));
-    STRATA_RETURN_IF_ERROR(txn.Commit());
-  }
-  STRATA_RETURN_IF_ERROR(m->OpenBootRegistry(state_dir).Annotate("open this boot's registry in " + state_dir));
+  STRATA_ASSIGN_OR_RETURN(m->registry_, Registry::Open(state_dir, BootId()));
+  m->recovery_.moved = m->registry_->moved();
   Status s = m->Recover();
   if (!s.ok()) return s.Annotate("recover sandboxes from " + state_dir);
   STRATA_ASSIGN_OR_RETURN(m->keys_, IdempotencyKeys::Open(JoinPath(state_dir, "keys")));
@@ -214,99 +202,12 @@ Result<std::shared_ptr<Sandbox>> SandboxManager::Container(Entry& entry, const c
   return entry.sandbox;
 }
 
-Status SandboxManager::OpenBootRegistry(const std::string& state_dir) {
-  const std::string boot = BootId();
-  if (boot.empty()) return Error(ENOENT, "no boot id in /proc/sys/kernel/random/boot_id");
-  const std::string boots = JoinPath(state_dir, "boot");
-  STRATA_RETURN_IF_ERROR(MakeDirs(boots, 0700));
-  // An earlier boot's, unread: its sandboxes died with it (what they left
-  // on disk, their uppers, is swept as unrecorded), and its unsynced
-  // commits may have been cut anywhere.
-  if (DIR* dir = ::opendir(boots.c_str())) {
-    std::vector<std::string> old;
-    while (dirent* e = ::readdir(dir)) {
-      std::string name = e->d_name;
-      if (name != "." && name != ".." && name != boot) old.push_back(name);
-    }
-    ::closedir(dir);
-    for (const auto& name : old) {
-      STRATA_LOG(kInfo) << "removing the registry of an earlier boot (" << name << ")";
-      // Unread either way: what is left of it only takes space.
-      if (Status s = RemoveTree(JoinPath(boots, name)); !s.ok()) STRATA_LOG(kWarn) << "remove the registry of an earlier boot: " << s.ToString();
-    }
-  }
-  const std::string path = JoinPath(boots, boot);
-  // Until a start in this boot has swept the uppers' snapshots (a start
-  // that died before it leaves the next one to do it).
-  swept_marker_ = JoinPath(path, "swept");
-  first_start_in_boot_ = ::access(swept_marker_.c_str(), F_OK) != 0;
-  STRATA_RETURN_IF_ERROR(MakeDirs(path, 0700));
-  LmdbEnv::Options o;
-  o.map_size = size_t{256} << 20;
-  // Not synced: a crash of the daemon loses nothing (its writes are in the
-  // page cache), and a crash of the machine ends every sandbox recorded here.
-  o.flags = MDB_NOSYNC;
-  STRATA_ASSIGN_OR_RETURN(env_, LmdbEnv::Open(path, o));
-  {
-    STRATA_ASSIGN_OR_RETURN(LmdbTxn txn, LmdbTxn::Begin(env_, false));
-    STRATA_ASSIGN_OR_RETURN(db_, txn.OpenDb("sandboxes", MDB_CREATE));
-    STRATA_RETURN_IF_ERROR(txn.Commit());
-  }
-  // A daemon before 2026-12-04 kept its sandboxes in the lasting registry:
-  // they move here, whether they still run or not: recovery decides. This
-  // boot's copy is committed first, then the lasting one lets go of them; a
-  // crash between leaves both, and the next start moves them again. (Not
-  // synced: a crash of the machine ends them and this boot's registry.)
-  std::vector<std::pair<std::string, std::string>> moving;
-  {
-    STRATA_ASSIGN_OR_RETURN(LmdbTxn txn, LmdbTxn::Begin(lasting_env_, true));
-    STRATA_ASSIGN_OR_RETURN(LmdbCursor cursor, LmdbCursor::Open(txn, lasting_db_));
-    std::string_view k, v;
-    while (true) {
-      STRATA_ASSIGN_OR_RETURN(bool more, cursor.Next(&k, &v));
-      if (!more) break;
-      if (!k.starts_with("warm:")) moving.emplace_back(std::string(k), std::string(v));
-    }
-  }
-  if (moving.empty()) return OkStatus();
-  {
-    STRATA_ASSIGN_OR_RETURN(LmdbTxn txn, LmdbTxn::Begin(env_, false));
-    for (const auto& [k, v] : moving) STRATA_RETURN_IF_ERROR(txn.Put(db_, k, v).status());
-    STRATA_RETURN_IF_ERROR(txn.Commit());
-  }
-  STRATA_ASSIGN_OR_RETURN(LmdbTxn txn, LmdbTxn::Begin(lasting_env_, false));
-  for (const auto& [k, v] : moving) STRATA_RETURN_IF_ERROR(txn.Del(lasting_db_, k).status());
-  STRATA_RETURN_IF_ERROR(txn.Commit());
-  recovery_.moved = static_cast<int>(moving.size());
-  return OkStatus();
-}
+Status SandboxManager::Record(const std::string& id, const json& record) { return registry_->Record(id, record); }
 
-// Against a crash of the daemon: durable when they return (in the page
-// cache). Against a crash of the machine: not at all, and need not be.
-Status SandboxManager::Record(const std::string& id, const json& record) {
-  STRATA_ASSIGN_OR_RETURN(LmdbTxn txn, LmdbTxn::Begin(env_, false));
-  STRATA_RETURN_IF_ERROR(txn.Put(db_, id, record.dump()).status());
-  return txn.Commit();
-}
-
-Status SandboxManager::Forget(const std::string& id) {
-  STRATA_ASSIGN_OR_RETURN(LmdbTxn txn, LmdbTxn::Begin(env_, false));
-  STRATA_RETURN_IF_ERROR(txn.Del(db_, id).status());
-  return txn.Commit();
-}
+Status SandboxManager::Forget(const std::string& id) { return registry_->Forget(id); }
 
 Status SandboxManager::Recover() {
-  std::vector<std::pair<std::string, json>> records;
-  for (auto [env, db] : {std::pair{&lasting_env_, lasting_db_}, std::pair{&env_, db_}}) {
-    STRATA_ASSIGN_OR_RETURN(LmdbTxn txn, LmdbTxn::Begin(*env, true));
-    STRATA_ASSIGN_OR_RETURN(LmdbCursor cursor, LmdbCursor::Open(txn, db));
-    std::string_view k, v;
-    while (true) {
-      STRATA_ASSIGN_OR_RETURN(bool more, cursor.Next(&k, &v));
-      if (!more) break;
-      records.emplace_back(std::string(k), json::parse(v, nullptr, false));
-    }
-  }
+  STRATA_ASSIGN_OR_RETURN(auto records, registry_->All());
   // Pools first (function-call sandboxes attach to theirs, ready warm
   // sandboxes to theirs), then the sandboxes.
   auto rank = [](const json& r) {
@@ -321,9 +222,7 @@ Status SandboxManager::Recover() {
       auto spec = WarmSpecFromJson(record.value("spec", json::object()));
       if (!spec.ok()) {
         STRATA_LOG(kWarn) << "removing warm pool " << id << ": " << spec.status().ToString();
-        STRATA_ASSIGN_OR_RETURN(LmdbTxn txn, LmdbTxn::Begin(lasting_env_, false));
-        STRATA_RETURN_IF_ERROR(txn.Del(lasting_db_, id).status());
-        STRATA_RETURN_IF_ERROR(txn.Commit());
+        STRATA_RETURN_IF_ERROR(registry_->ForgetLasting(id));
         continue;
       }
       auto pool = std::make_shared<WarmPool>();
@@ -489,14 +388,15 @@ Status SandboxManager::Recover() {
       recorded.insert(id);
       if (record.is_object()) recorded.insert(record.value("internal", id));
     }
+    const bool first_start_in_boot = registry_->first_start_in_boot();
     Status s = uppers->RemoveSnapshots([&](std::string_view name) {
-      if (first_start_in_boot_) return true;
+      if (first_start_in_boot) return true;
       const size_t dash = name.rfind('-');
       return dash != std::string_view::npos && recorded.count(std::string(name.substr(0, dash))) > 0;
     });
     if (!s.ok()) STRATA_LOG(kWarn) << "remove leftover snapshots: " << s.ToString();
-    if (s.ok() && first_start_in_boot_) {
-      if (Status w = WriteFileAtomic(swept_marker_, "", /*durable=*/false); !w.ok()) STRATA_LOG(kWarn) << "record the snapshot sweep: " << w.ToString();
+    if (s.ok() && first_start_in_boot) {
+      if (Status w = registry_->MarkSwept(); !w.ok()) STRATA_LOG(kWarn) << "record the snapshot sweep: " << w.ToString();
     }
   }
   return OkStatus();
@@ -642,15 +542,10 @@ json SandboxManager::WarmPool::Info() const {
 
 Status SandboxManager::RecordWarmPool(const WarmPool& pool) {
   // (The lasting registry: a pool outlives a reboot, its sandboxes do not.)
-  STRATA_ASSIGN_OR_RETURN(LmdbTxn txn, LmdbTxn::Begin(lasting_env_, false));
   const std::string key = "warm:" + pool.name;
-  if (pool.size == 0) {
-    STRATA_RETURN_IF_ERROR(txn.Del(lasting_db_, key).status());
-  } else {
-    const json record = {{"kind", "warm-pool"}, {"name", pool.name}, {"size", pool.size}, {"spec", WarmSpecJson(pool.spec)}};
-    STRATA_RETURN_IF_ERROR(txn.Put(lasting_db_, key, record.dump()).status());
-  }
-  return txn.Commit();
+  if (pool.size == 0) return registry_->ForgetLasting(key);
+  return registry_->RecordLasting(
+      key, {{"kind", "warm-pool"}, {"name", pool.name}, {"size", pool.size}, {"spec", WarmSpecJson(pool.spec)}});
 }
 
 void SandboxManager::SetWarmAdmission(std::function<WarmVerdict(size_t)> admit) {
@@ -767,12 +662,7 @@ Result<std::optional<json>> SandboxManager::TakeWarm(const SandboxSpec& spec, co
     // back with Reassign), so the take writes nothing else.
     const json record = {{"status", "running"}, {"created", assignment["created"]}, {"owner", owner}, {"ttl", spec.ttl_seconds},
                          {"internal", sb->id()}, {"warm", pool->name}, {"assigned", std::move(assignment)}};
-    auto txn = LmdbTxn::Begin(env_, false);
-    if (!txn.ok()) return give_back(txn.status());
-    Status s = txn->Put(db_, spec.id, record.dump()).status();
-    if (s.ok()) s = txn->Del(db_, sb->id()).status();
-    if (s.ok()) s = txn->Commit();
-    if (!s.ok()) return give_back(s.Annotate("record sandbox " + spec.id));
+    if (Status s = registry_->Rename(sb->id(), spec.id, record); !s.ok()) return give_back(s.Annotate("record sandbox " + spec.id));
   }
   timer.Step("record");
   auto entry = std::make_shared<Entry>();
@@ -810,19 +700,24 @@ void SandboxManager::FillWarm() {
     }
     lock.lock();
     if (warm_stopping_) break;
-    // Surplus first: a shrunk pool's, or any under memory pressure.
-    std::shared_ptr<Sandbox> surplus;
-    std::shared_ptr<WarmPool> from;
-    for (auto& [key, p] : warm_) {
-      if (!p->ready.empty() && (static_cast<int>(p->ready.size()) > p->size || verdict.shed)) {
-        surplus = std::move(p->ready.back());
-        p->ready.pop_back();
-        from = p;
-        if (verdict.shed) ++p->shed;
-        break;
+    // The pools as the policy sees them (warm_policy.h), in warm_'s order.
+    std::vector<std::shared_ptr<WarmPool>> pools;
+    std::vector<warm::PoolView> views;
+    auto look = [&] {
+      pools.clear();
+      views.clear();
+      for (auto& [key, p] : warm_) {
+        pools.push_back(p);
+        views.push_back({.size = p->size, .ready = static_cast<int>(p->ready.size()), .filling = p->filling, .retry_at = p->retry_at});
       }
-    }
-    if (surplus) {
+    };
+    look();
+    // Surplus first: a shrunk pool's, or any under memory pressure.
+    if (const int i = warm::Surplus(views, verdict.shed); i >= 0) {
+      std::shared_ptr<WarmPool> from = pools[i];
+      std::shared_ptr<Sandbox> surplus = std::move(from->ready.back());
+      from->ready.pop_back();
+      if (verdict.shed) ++from->shed;
       ++from->removing;
       lock.unlock();
       const std::string id = surplus->id();
@@ -837,27 +732,21 @@ void SandboxManager::FillWarm() {
     std::erase_if(warm_, [](const auto& kv) {
       return kv.second->size == 0 && kv.second->ready.empty() && kv.second->filling == 0 && kv.second->removing == 0;
     });
+    look();
     const auto now = std::chrono::steady_clock::now();
-    std::shared_ptr<WarmPool> pool;
-    if (verdict.status.ok()) {
-      for (auto& [key, p] : warm_) {
-        const int have = static_cast<int>(p->ready.size()) + p->filling;
-        if (have < p->size && now >= p->retry_at && (!pool || have < static_cast<int>(pool->ready.size()) + pool->filling)) pool = p;
-      }
-    }
-    // A burst of takes comes first: a refill costs a cold create's CPU, so
-    // it waits until takes pause (or the pool has run dry, when creates
-    // are cold anyway).
-    if (pool && !pool->ready.empty() && now - last_take_ < kRefillQuiet) {
-      warm_cv_.wait_for(lock, kRefillQuiet);
+    const int fill = warm::ToFill(views, verdict.status.ok(), now);
+    // A burst of takes comes first (or the pool has run dry).
+    if (fill >= 0 && warm::WaitForQuiet(views[fill], now, last_take_)) {
+      warm_cv_.wait_for(lock, warm::kRefillQuiet);
       continue;
     }
-    if (!pool) {
+    if (fill < 0) {
       // (Woken by a take, a new size or the admission; else a look every
       // half second: memory comes and goes.)
       warm_cv_.wait_for(lock, std::chrono::milliseconds(500));
       continue;
     }
+    std::shared_ptr<WarmPool> pool = pools[fill];
     ++pool->filling;
     SandboxSpec spec = pool->spec;
     lock.unlock();
@@ -895,7 +784,7 @@ void SandboxManager::FillWarm() {
       ++pool->streak;
       pool->last_error = s.ToString();
       // Backs off: a pool whose layers went away must not spin.
-      pool->retry_at = std::chrono::steady_clock::now() + std::chrono::seconds(int64_t{1} << std::min(pool->streak - 1, 5));
+      pool->retry_at = std::chrono::steady_clock::now() + warm::Backoff(pool->streak);
       STRATA_LOG(kWarn) << "warm pool " << pool->name << ": " << s.ToString();
     }
   }

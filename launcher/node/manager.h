@@ -19,8 +19,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "common/lmdb.h"
 #include "launcher/node/idempotency.h"
+#include "launcher/node/registry.h"
 #include "launcher/sandbox/backend.h"
 #include "launcher/sandbox/sandbox.h"
 
@@ -207,26 +207,13 @@ class SandboxManager {
   Result<std::shared_ptr<Entry>> Find(const std::string& id);
   // The entry's container sandbox, or an error naming why there is none.
   static Result<std::shared_ptr<Sandbox>> Container(Entry& entry, const char* what);
-  // A sandbox's record, in this boot's registry.
+  // A sandbox's record, in this boot's registry (registry_).
   Status Record(const std::string& id, const nlohmann::json& record);
   Status Forget(const std::string& id);
-  // This boot's registry, made from what an older daemon kept in the lasting one.
-  Status OpenBootRegistry(const std::string& state_dir);
 
   NodeConfig node_;
-  // Two registries (LMDB, database "sandboxes", a JSON record per key):
-  // the lasting one in the state directory keeps what outlives the machine
-  // (warm pools, "warm:<name>"), each commit synced; this boot's, in
-  // boot/<boot id>/, keeps the sandboxes, which die with the machine, so
-  // its commits are not synced and a later boot removes it unread.
-  LmdbEnv lasting_env_;
-  MDB_dbi lasting_db_ = 0;
-  LmdbEnv env_;
-  MDB_dbi db_ = 0;
-  // No start in this boot has swept the uppers' snapshots yet: boot/<id>/swept
-  // is missing.
-  bool first_start_in_boot_ = false;
-  std::string swept_marker_;
+  // The lasting registry (warm pools) and this boot's (sandboxes).
+  std::unique_ptr<Registry> registry_;
   std::mutex mu_;
   std::map<std::string, std::shared_ptr<Entry>> sandboxes_;
   std::mutex pools_mu_;  // taken after mu_ when both are needed
