@@ -189,11 +189,6 @@ Status CheckSandboxPath(const std::string& path) {
   return OkStatus();
 }
 
-// Creations are refused with fewer free inodes on the uppers (where the
-// filesystem counts them) or process ids left under kernel.pid_max.
-constexpr uint64_t kInodeReserve = 4096;
-constexpr uint64_t kPidReserve = 4096;
-
 // MemAvailable of /proc/meminfo, in bytes.
 uint64_t MemAvailable() {
   std::ifstream in("/proc/meminfo");
@@ -466,31 +461,10 @@ Status LauncherServer::Admit(const Caller& caller, uint64_t memory) {
   const uint64_t committed = options_.memory_capacity > 0 ? manager_.CommittedMemory() : 0;
   const Headroom room = NodeHeadroom();
   std::lock_guard lock(admission_mu_);
-  if (options_.max_sandboxes > 0 && static_cast<int64_t>(manager_.Count()) + creating_ >= options_.max_sandboxes) {
-    return Error(EAGAIN, StrCat("node full: ", options_.max_sandboxes, " sandboxes (--max-sandboxes); retry later or elsewhere"));
-  }
-  if (options_.memory_capacity > 0 && committed + creating_memory_ + memory > options_.memory_capacity) {
-    return Error(EAGAIN, StrCat("node full: sandboxes' memory limits would pass ", FormatBytes(options_.memory_capacity),
-                                " (--memory-capacity; ", FormatBytes(committed + creating_memory_), " committed, this one ",
-                                FormatBytes(memory), ")"));
-  }
-  if (options_.disk_reserve > 0 && room.disk_available < options_.disk_reserve) {
-    return Error(EAGAIN, StrCat("node low on disk: ", FormatBytes(room.disk_available), " free on the uppers, below the reserve of ",
-                                FormatBytes(options_.disk_reserve), " (--disk-reserve)"));
-  }
-  if (room.inodes_known && room.inodes_available < kInodeReserve) {
-    return Error(EAGAIN, StrCat("node low on inodes: ", room.inodes_available, " free on the uppers"));
-  }
-  if (room.pids_available < kPidReserve) {
-    return Error(EAGAIN, StrCat("node near its process limit: ", room.pids_available, " of kernel.pid_max left (`launcher doctor --fix` raises it)"));
-  }
-  if (options_.memory_reserve > 0) {
-    if (available < options_.memory_reserve) {
-      return Error(EAGAIN, StrCat("node low on memory: ", FormatBytes(available), " available",
-                                  options_.memory_capacity > 0 ? " to sandboxes" : "", ", below the reserve of ",
-                                  FormatBytes(options_.memory_reserve), " (--memory-reserve)"));
-    }
-  }
+  NodeLoad load = Load(room, available, committed);
+  load.sandboxes += creating_;
+  load.memory_committed += creating_memory_;
+  STRATA_RETURN_IF_ERROR(AdmitOnNode(Limits(), load, memory));
   if (caller.tenant) {
     const auto& limits = caller.tenant->limits;
     if (limits.max_sandboxes > 0 &&
@@ -512,6 +486,18 @@ void LauncherServer::Admitted(const Caller& caller, uint64_t memory) {
   --creating_;
   creating_memory_ -= memory;
   if (caller.tenant && --creating_by_tenant_[caller.scope()] == 0) creating_by_tenant_.erase(caller.scope());
+}
+
+NodeLimits LauncherServer::Limits() const {
+  return {.max_sandboxes = options_.max_sandboxes, .memory_capacity = options_.memory_capacity,
+          .disk_reserve = options_.disk_reserve, .memory_reserve = options_.memory_reserve};
+}
+
+NodeLoad LauncherServer::Load(const Headroom& room, uint64_t memory_available, uint64_t committed) {
+  return {.sandboxes = static_cast<int64_t>(manager_.Count()), .memory_committed = committed,
+          .memory_available = memory_available, .disk_available = room.disk_available,
+          .inodes_known = room.inodes_known, .inodes_available = room.inodes_available,
+          .pids_available = room.pids_available};
 }
 
 LauncherServer::Headroom LauncherServer::NodeHeadroom() const {
@@ -556,11 +542,9 @@ json LauncherServer::NodeHealth() {
   headroom["disk_reserve"] = options_.disk_reserve;
   headroom["inodes_available"] = room.inodes_known ? json(room.inodes_available) : json(nullptr);
   headroom["pids_available"] = room.pids_available;
-  const bool accepting = (options_.max_sandboxes == 0 || static_cast<int64_t>(count) < options_.max_sandboxes) &&
-                         (options_.memory_reserve == 0 || available >= options_.memory_reserve) &&
-                         (options_.memory_capacity == 0 || committed < options_.memory_capacity) &&
-                         (options_.disk_reserve == 0 || room.disk_available >= options_.disk_reserve) &&
-                         (!room.inodes_known || room.inodes_available >= kInodeReserve) && room.pids_available >= kPidReserve;
+  // Whether it would take one more (a byte of memory: not with its capacity
+  // all committed), by the same rule as a create, without those under way.
+  const bool accepting = AdmitOnNode(Limits(), Load(room, available, committed), 1).ok();
   json health = {{"ok", true}, {"pid", ::getpid()}, {"sandboxes", count}, {"accepting", accepting}, {"headroom", headroom}};
   if (!manager_.node().name.empty()) health["node"] = manager_.node().name;
   return health;

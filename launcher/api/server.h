@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "launcher/api/admission.h"
 #include "launcher/front/front.h"
 #include "launcher/front/http_server.h"
 #include "launcher/node/manager.h"
@@ -110,6 +111,9 @@ class LauncherServer {
     uint64_t pids_available = UINT64_MAX;
   };
   Headroom NodeHeadroom() const;
+  // The node's limits, and its load for AdmitOnNode (admission.h).
+  NodeLimits Limits() const;
+  NodeLoad Load(const Headroom& room, uint64_t memory_available, uint64_t committed);
   uint64_t SandboxMemoryAvailable() const;
   // `memory`: what the create commits of --memory-capacity.
   Status Admit(const Caller& caller, uint64_t memory = 0);
