@@ -65,7 +65,17 @@ class Agent {
   // sandbox's agent still ends up with its one thread.
   static constexpr std::chrono::milliseconds kLinger{1000};
 
-  struct Started;
+  // A command forked and not yet waited for.
+  struct Started {
+    pid_t pid = -1;
+    UniqueFd out_r, err_r, in_w;
+    std::chrono::steady_clock::time_point start;
+    int64_t timeout_ms = 0;
+    uint64_t caps[2] = {0, 0};
+    bool kill_leftovers = false;
+    std::string argv0;
+    pid_t group = -1;  // the process group signals go to: pid's, or a shepherd's command's
+  };
   struct Detached {
     std::string id;
     uint64_t seq = 0;

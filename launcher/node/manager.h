@@ -1,7 +1,11 @@
 // SandboxManager: the launcher daemon's sandboxes — create, exec, files,
 // pause and resume, snapshot, destroy — with their registry in LMDB so a
 // restarted daemon re-adopts the live ones and removes what the dead ones
-// left. Thread-safe.
+// left. Thread-safe. Its parts: opening, recovery, creation and the
+// node's queries (manager.cc), function-call pools (calls.cc), warm pools
+// (warm_pools.cc, their policy in warm_policy.h), execs and the rest of a
+// sandbox's life (lifecycle.cc); the registries are Registry's
+// (registry.h).
 #pragma once
 
 #include <atomic>
