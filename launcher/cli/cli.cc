@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 
 #include "common/fs.h"
 #include "common/strings.h"
@@ -151,6 +152,22 @@ Status ExecFlags::Apply(ExecRequest* request) const {
     request->timeout = *t;
   }
   return OkStatus();
+}
+
+void AddSandboxVerb(CLI::App& app, Cli& cli, const char* name, const char* help,
+                    Status (LauncherClient::*call)(const std::string& id)) {
+  struct Flags {
+    std::string id;
+    ClientFlags client;
+  };
+  auto f = std::make_shared<Flags>();
+  auto* c = app.add_subcommand(name, help);
+  c->add_option("ID", f->id)->required();
+  f->client.Add(c);
+  c->callback([f, call, &cli] {
+    auto client = f->client.Connect();
+    cli.exit_code = client.ok() ? Done(((*client).*call)(f->id)) : Fail(client.status());
+  });
 }
 
 sigset_t BlockDaemonSignals() {

@@ -101,6 +101,11 @@ struct ExecFlags {
   Status Apply(ExecRequest* request) const;
 };
 
+// A verb of one sandbox and nothing else (pause, resume, destroy): ID and
+// the client flags, then `call` on the daemon.
+void AddSandboxVerb(CLI::App& app, Cli& cli, const char* name, const char* help,
+                    Status (LauncherClient::*call)(const std::string& id));
+
 // A daemon's signals (serve, gateway): blocked (every thread it starts
 // inherits the mask), then waited for.
 sigset_t BlockDaemonSignals();
