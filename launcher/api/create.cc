@@ -26,6 +26,14 @@ using Response = HttpServer::Response;
 using Request = HttpServer::Request;
 using namespace api;  // (the wire: parsing, answers, keys)
 
+namespace {
+
+// Most sandboxes one bulk create makes, and how many it makes at once.
+constexpr int kMaxBulk = 1000;
+constexpr int kBulkParallel = 8;
+
+}  // namespace
+
 // --- create ------------------------------------------------------------------
 
 Response LauncherServer::Create(const Request& req, const json& body, const Caller& caller) {

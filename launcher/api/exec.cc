@@ -26,6 +26,14 @@ using Response = HttpServer::Response;
 using Request = HttpServer::Request;
 using namespace api;  // (the wire: parsing, answers, keys)
 
+namespace {
+
+// An idempotent exec's kept answer holds its output only up to this much
+// (both streams); past it the answer is kept without it.
+constexpr size_t kMaxKeptOutput = size_t{2} << 20;
+
+}  // namespace
+
 // --- exec --------------------------------------------------------------------
 
 Response LauncherServer::Exec(const Request& req, const std::string& id, const json& body, const Caller& caller) {

@@ -35,6 +35,10 @@ using Request = HttpServer::Request;
 using namespace api;  // (the wire: parsing, answers, keys)
 
 namespace {
+
+// Warm pools stop filling this far above the memory reserve.
+constexpr uint64_t kWarmMemoryMargin = uint64_t{256} << 20;
+
 // MemAvailable of /proc/meminfo, in bytes.
 uint64_t MemAvailable() {
   std::ifstream in("/proc/meminfo");
@@ -91,6 +95,9 @@ Result<std::unique_ptr<LauncherServer>> LauncherServer::Start(const ServeOptions
     }
     return v;
   });
+  if (!options.tokens_file.empty() && !options.legacy_token_file.empty()) {
+    return Error(EINVAL, "serve: give --tokens or the old --token-file, not both");
+  }
   STRATA_RETURN_IF_ERROR(s->auth_.Load(options.tokens_file, options.legacy_token_file));
   if (!options.legacy_token_file.empty() && warnings) {
     warnings->push_back("--token-file is replaced by --tokens (docs/api.md); its token is the tenant \"default\"");

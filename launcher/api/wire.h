@@ -21,19 +21,11 @@
 
 namespace strata::launcher::api {
 
-// Most sandboxes one bulk create makes, and how many it makes at once.
-constexpr int kMaxBulk = 1000;
-constexpr int kBulkParallel = 8;
-// Warm pools stop filling this far above the memory reserve.
-constexpr uint64_t kWarmMemoryMargin = uint64_t{256} << 20;
 // Bounds of numbers a request gives (beyond them conversions overflow).
 constexpr int64_t kMaxTtlSeconds = int64_t{10} * 365 * 24 * 3600;
 constexpr int64_t kMaxTimeoutSeconds = int64_t{365} * 24 * 3600;
 // The most output an exec may keep per stream (a collected answer holds it).
 constexpr uint64_t kMaxOutputCap = uint64_t{64} << 20;
-// An idempotent exec's kept answer holds its output only up to this much
-// (both streams); past it the answer is kept without it.
-constexpr size_t kMaxKeptOutput = size_t{2} << 20;
 
 // JSON text with invalid UTF-8 replaced (names need not be UTF-8).
 std::string Dump(const nlohmann::json& j);

@@ -18,6 +18,7 @@
 
 #include "common/status.h"
 #include "launcher/api/client.h"
+#include "launcher/node/manager.h"
 #include "launcher/sandbox/sandbox.h"
 
 namespace strata::launcher::cli {
@@ -66,13 +67,13 @@ nlohmann::json SpecJson(const SandboxSpec& spec);
 nlohmann::json ExecJson(const ExecRequest& request);
 // -v: the resolved layers and the sandbox id.
 void PrintLayers(const nlohmann::json& info);
-// The cluster's etcd URL of --cluster, $STRATA_CLUSTER by default.
+// The environment variable `name`, or `fallback` when it is unset.
 std::string EnvOr(const char* name, const char* fallback);
 
 // How a client verb reaches the daemon: --socket, --url, --token,
 // --token-file, --ca (defaults from $STRATA_URL, $STRATA_TOKEN, $STRATA_CA).
 struct ClientFlags {
-  std::string socket = EnvOr("STRATA_LAUNCHER_SOCKET", "/run/strata/launcher.sock");
+  std::string socket = EnvOr("STRATA_LAUNCHER_SOCKET", kDefaultLauncherSocket);
   std::string url = EnvOr("STRATA_URL", ""), token = EnvOr("STRATA_TOKEN", ""), ca = EnvOr("STRATA_CA", "");
   std::string token_file;
   void Add(CLI::App* c);

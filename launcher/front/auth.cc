@@ -28,20 +28,21 @@ bool InGroup(pid_t pid, gid_t primary, gid_t group) {
 }  // namespace
 
 Status Authenticator::Load(const std::string& tokens_file, const std::string& legacy_token_file) {
-  if (!tokens_file.empty() && !legacy_token_file.empty()) {
-    return Error(EINVAL, policy_.who + ": give --tokens or the old --token-file, not both");
-  }
   tokens_file_ = tokens_file;
   legacy_token_file_ = legacy_token_file;
   if (tokens_file.empty() && legacy_token_file.empty()) return OkStatus();
-  STRATA_ASSIGN_OR_RETURN(auto tenants, tokens_file.empty() ? LoadLegacyTokenFile(legacy_token_file) : LoadTokensFile(tokens_file));
+  STRATA_ASSIGN_OR_RETURN(auto tenants, Read());
   SetTenants(std::move(tenants));
   return OkStatus();
 }
 
+Result<std::vector<Tenant>> Authenticator::Read() const {
+  return tokens_file_.empty() ? LoadLegacyTokenFile(legacy_token_file_) : LoadTokensFile(tokens_file_);
+}
+
 Status Authenticator::Reload() {
   if (tokens_file_.empty() && legacy_token_file_.empty()) return OkStatus();
-  auto tenants = tokens_file_.empty() ? LoadLegacyTokenFile(legacy_token_file_) : LoadTokensFile(tokens_file_);
+  auto tenants = Read();
   if (!tenants.ok()) return tenants.status().Annotate("reload tokens (the tenants stay as they were)");
   tenants_.Replace(std::move(*tenants));
   return OkStatus();
@@ -57,17 +58,16 @@ Result<Caller> Authenticator::Authenticate(const HttpServer::Request& req) const
   Caller caller;
   auto named = req.headers.find(kTenantHeader);
   const bool names_tenant = named != req.headers.end() && !named->second.empty();
-  if (policy_.unix_operator && req.unix_peer &&
-      (req.peer_uid == 0 ||
-       (policy_.operator_group != static_cast<gid_t>(-1) && InGroup(req.peer_pid, req.peer_gid, policy_.operator_group)))) {
-    caller.is_operator = true;
-    return caller;
-  }
-  if (!has_tenants_ && policy_.open_without_tokens && !(policy_.unix_operator && req.unix_peer)) {
-    if (names_tenant) {
-      return Error(EPERM, who + ": this " + (who == "gateway" ? "gateway" : "node") +
-                              " has no tokens (--insecure), so it cannot act for a tenant a call names");
+  if (policy_.unix_operator && req.unix_peer) {
+    // Root, or the operator's group, on the node's socket; anyone else
+    // there needs a token.
+    if (req.peer_uid == 0 ||
+        (policy_.operator_group != static_cast<gid_t>(-1) && InGroup(req.peer_pid, req.peer_gid, policy_.operator_group))) {
+      caller.is_operator = true;
+      return caller;
     }
+  } else if (!has_tenants_ && policy_.open_without_tokens) {
+    if (names_tenant) return Error(EPERM, who + ": no tokens (--insecure), so no call may name a tenant (X-Strata-Tenant)");
     caller.is_operator = true;
     return caller;
   }

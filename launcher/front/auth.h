@@ -44,8 +44,9 @@ class Authenticator {
  public:
   explicit Authenticator(AuthPolicy policy) : policy_(std::move(policy)) {}
 
-  // Reads the tokens file (or the old one-token file: its token is the
-  // tenant "default"); from then on callers need a token. Neither: no-op.
+  // Reads the tokens file (or, when only it is given, the old one-token
+  // file: its token is the tenant "default"); from then on callers need a
+  // token. Neither: no-op.
   Status Load(const std::string& tokens_file, const std::string& legacy_token_file = "");
   // Rereads what Load read (SIGHUP); on error the tenants stay as they were.
   Status Reload();
@@ -54,7 +55,6 @@ class Authenticator {
   // A tokens file is in use.
   bool has_tenants() const { return has_tenants_; }
   TenantTable& tenants() { return tenants_; }
-  const AuthPolicy& policy() const { return policy_; }
 
   // The caller of `request`, or why it may not call: ENOKEY (no bearer
   // token), EKEYREJECTED (one no tenant has, or a gateway naming a tenant
@@ -62,6 +62,8 @@ class Authenticator {
   Result<Caller> Authenticate(const HttpServer::Request& request) const;
 
  private:
+  Result<std::vector<Tenant>> Read() const;  // what Load names
+
   AuthPolicy policy_;
   std::string tokens_file_, legacy_token_file_;
   TenantTable tenants_;

@@ -18,6 +18,13 @@ namespace strata::launcher {
 using nlohmann::json;
 using namespace manager;  // (manager_parts.h)
 
+namespace {
+
+// How long an unused function-call pool stays warm.
+constexpr auto kPoolGrace = std::chrono::seconds(30);
+
+}  // namespace
+
 void SandboxManager::ReapPools(bool all) {
   std::vector<std::shared_ptr<Pool>> idle;
   {

@@ -21,6 +21,13 @@ namespace strata::launcher {
 using nlohmann::json;
 using namespace manager;  // (manager_parts.h)
 
+namespace {
+
+// Exec latencies kept for the metrics (a ring).
+constexpr size_t kLatencySamples = 4096;
+
+}  // namespace
+
 Result<std::shared_ptr<SandboxManager::Entry>> SandboxManager::Find(const std::string& id) {
   std::lock_guard lock(mu_);
   auto it = sandboxes_.find(id);

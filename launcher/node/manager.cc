@@ -28,6 +28,12 @@ namespace strata::launcher {
 using nlohmann::json;
 using namespace manager;  // (manager_parts.h)
 
+namespace {
+
+constexpr int kWarmFillers = 2;  // sandboxes made at once for pools
+
+}  // namespace
+
 namespace manager {
 
 int64_t NowMs() {

@@ -17,12 +17,6 @@ namespace strata::launcher::manager {
 // The steady clock in milliseconds.
 int64_t NowMs();
 
-inline constexpr size_t kLatencySamples = 4096;
-// How long an unused function-call pool stays warm.
-inline constexpr auto kPoolGrace = std::chrono::seconds(30);
-inline constexpr int kWarmFillers = 2;  // sandboxes made at once for pools
-inline constexpr int kWarmMaxSize = 4096;
-
 // Function-call pools are not shared across tenants (their calls share a
 // cgroup).
 std::string PoolKey(const SandboxSpec& spec, const std::string& owner);

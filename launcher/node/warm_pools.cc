@@ -21,6 +21,12 @@ namespace strata::launcher {
 using nlohmann::json;
 using namespace manager;  // (manager_parts.h)
 
+namespace {
+
+constexpr int kWarmMaxSize = 4096;  // ready sandboxes one pool may ask for
+
+}  // namespace
+
 // --- warm pools -------------------------------------------------------------
 
 json SandboxManager::WarmPool::Info() const {

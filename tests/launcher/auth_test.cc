@@ -128,7 +128,9 @@ TEST(AuthTest, WithoutTokensAnOpenFrontsCallersAreTheOperator) {
   EXPECT_FALSE(closed.Authenticate(Tcp()).ok());
   EXPECT_FALSE(closed.Authenticate(Unix(1000, 1000)).ok());
   Authenticator gateway(GatewayPolicy());
-  EXPECT_TRUE(gateway.Authenticate(Tcp())->is_operator);
+  auto open = gateway.Authenticate(Tcp());
+  ASSERT_TRUE(open.ok()) << open.status().ToString();
+  EXPECT_TRUE(open->is_operator);
 }
 
 TEST(AuthTest, ARefusalAsksForABearerToken) {
