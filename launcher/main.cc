@@ -18,7 +18,7 @@ int main(int argc, char** argv) {
   cli.node.backends = NodeBackends();
   for (cli::AddVerb add : {cli::AddRun, cli::AddDoctor, cli::AddServe, cli::AddGateway, cli::AddCordon, cli::AddUncordon,
                            cli::AddDrain, cli::AddNodes, cli::AddToken, cli::AddCreate, cli::AddNet, cli::AddExec, cli::AddCp,
-                           cli::AddPause, cli::AddResume, cli::AddSnapshot, cli::AddDestroy, cli::AddWarm, cli::AddLs}) {
+                           cli::AddPause, cli::AddResume, cli::AddSnapshot, cli::AddDestroy, cli::AddWarm, cli::AddTemplate, cli::AddLs}) {
     add(app, cli);
   }
   // Everything after the first `--` is the command, untouched by option parsing.

@@ -121,6 +121,7 @@ void Agent::HandleRequest(int fd) {
     case Frame::kSignalExec: s = SignalExec(conn.get(), *req); break;
     case Frame::kPutTree: s = PutTree(conn.get(), *req); break;
     case Frame::kGetTree: s = GetTree(conn.get(), *req); break;
+    case Frame::kFs: s = Fs(conn.get(), *req); break;
     case Frame::kShutdown: {
       {
         std::lock_guard lock(mu_);

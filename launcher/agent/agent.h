@@ -111,6 +111,7 @@ class Agent {
   Status Get(int conn, const nlohmann::json& request);
   Status PutTree(int conn, const nlohmann::json& request);
   Status GetTree(int conn, const nlohmann::json& request);
+  Status Fs(int conn, const nlohmann::json& request);  // fs_ops.cc
   // Waits for child `pid` (registered before it could exit) to be reaped.
   int WaitChild(pid_t pid);
   // The seccomp program each function call loads (read once); null when

@@ -26,6 +26,7 @@ using agent::SendError;
 json Agent::Detached::Describe() const {
   json j = {{"id", id}, {"argv", argv}, {"started", started}, {"state", done ? "exited" : "running"},
             {"stdout_bytes", out.size()}, {"stderr_bytes", err.size()}};
+  if (pid > 0) j["pid"] = pid;  // the command's process group, as the sandbox sees it
   if (done) j["exit"] = exit;
   return j;
 }

@@ -179,6 +179,20 @@ Result<json> LauncherClient::WarmPools() {
   return j.value("pools", json::array());
 }
 
+Result<json> LauncherClient::Templates() {
+  STRATA_ASSIGN_OR_RETURN(std::string body, Call("GET", "/v1/templates", ""));
+  return ParseJson(body);
+}
+
+Result<json> LauncherClient::SetTemplate(const std::string& name, const json& spec) {
+  STRATA_ASSIGN_OR_RETURN(std::string body, Call("PUT", "/v1/templates/" + name, spec.dump()));
+  return ParseJson(body);
+}
+
+Status LauncherClient::RemoveTemplate(const std::string& name) {
+  return Call("DELETE", "/v1/templates/" + name, "").status();
+}
+
 Result<std::string> LauncherClient::Metrics() { return Call("GET", "/metrics", ""); }
 
 }  // namespace strata::launcher

@@ -59,6 +59,10 @@ class LauncherClient {
   // (0 removes the pool); the pools and their counters.
   Result<nlohmann::json> SetWarmPool(const nlohmann::json& spec, int size);
   Result<nlohmann::json> WarmPools();
+  // Templates (the E2B plane's named layer stacks, launcher/e2b/).
+  Result<nlohmann::json> Templates();
+  Result<nlohmann::json> SetTemplate(const std::string& name, const nlohmann::json& spec);
+  Status RemoveTemplate(const std::string& name);
 
   // Any call, with extra headers ("Idempotency-Key: k"), every status
   // returned as it is (for tests, benchmarks and the SDK's model).

@@ -96,6 +96,7 @@ class FileUpload : public HttpServer::Upload {
 }  // namespace
 
 std::unique_ptr<HttpServer::Upload> LauncherServer::StartUpload(const Request& req, std::optional<Response>* refusal) {
+  if (auto p = plane(); p && p->claims(req)) return p->upload ? p->upload(req, refusal) : nullptr;
   const std::string prefix = "/v1/sandboxes/";
   if (req.method != "PUT" || !req.path.starts_with(prefix) || !req.path.ends_with("/files")) return nullptr;
   const std::string id = req.path.substr(prefix.size(), req.path.size() - prefix.size() - 6);

@@ -293,7 +293,18 @@ json LauncherServer::NodeHealth() {
   return health;
 }
 
+void LauncherServer::SetPlane(std::shared_ptr<const Plane> plane) {
+  std::lock_guard lock(plane_mu_);
+  plane_ = std::move(plane);
+}
+
+std::shared_ptr<const LauncherServer::Plane> LauncherServer::plane() {
+  std::lock_guard lock(plane_mu_);
+  return plane_;
+}
+
 Response LauncherServer::Handle(const Request& req) {
+  if (auto p = plane(); p && p->claims(req)) return p->handle(req);
   return Answer(
       req, [this](const Request& r) { return auth_.Authenticate(r); },
       [this](const Request& r, const Caller& caller) { return Route(r, caller); });
@@ -364,6 +375,11 @@ Response LauncherServer::Route(const Request& req, const Caller& caller) {
     if (!policy.ok()) return Fail(policy.status().Annotate("network"));
     auto r = req.method == "PUT" ? manager_.SetNetwork(id, *policy) : manager_.Network(id);
     return r.ok() ? Json(*r) : Fail(r.status());
+  }
+  if (verb == "lifetime" && req.method == "POST") {
+    auto deadline = DeadlineField(body.value("seconds", json()), "lifetime: seconds");
+    if (!deadline.ok()) return Fail(deadline.status());
+    return status_reply(manager_.SetDeadline(id, *deadline));
   }
   if (verb == "pause" && req.method == "POST") return status_reply(manager_.Pause(id));
   if (verb == "resume" && req.method == "POST") return status_reply(manager_.Resume(id));

@@ -80,6 +80,22 @@ class LauncherServer {
   // nothing. Set and reset by whoever registers the node.
   void SetClusterStatus(std::function<nlohmann::json()> status);
 
+  // Another API served on the same listeners (the E2B plane,
+  // launcher/e2b/): the requests it claims are its, not /v1's. Set once,
+  // before the first request it should see; null: none.
+  struct Plane {
+    std::function<bool(const HttpServer::Request&)> claims;
+    HttpServer::Handler handle;
+    HttpServer::UploadHandler upload;  // optional
+  };
+  void SetPlane(std::shared_ptr<const Plane> plane);
+  // What a plane builds on: who calls, by /v1's rules; a /v1 call made
+  // in-process for `caller` (the same admission, limits and answers); and
+  // whether `caller` may see sandbox `id` (another tenant's is ENOENT).
+  Result<Caller> Authenticate(const HttpServer::Request& request) { return auth_.Authenticate(request); }
+  HttpServer::Response Call(const HttpServer::Request& request, const Caller& caller) { return Route(request, caller); }
+  Status CheckOwner(const std::string& id, const Caller& caller);
+
  private:
   LauncherServer(const ServeOptions& options, SandboxManager& manager, AuthPolicy policy)
       : options_(options), manager_(manager), auth_(std::move(policy)) {}
@@ -87,9 +103,6 @@ class LauncherServer {
   HttpServer::Response Route(const HttpServer::Request& request, const Caller& caller);
   std::unique_ptr<HttpServer::Upload> StartUpload(const HttpServer::Request& request,
                                                   std::optional<HttpServer::Response>* refusal);
-  // The sandbox, if `caller` may see it (a tenant sees only its own: any
-  // other is ENOENT, like a missing one).
-  Status CheckOwner(const std::string& id, const Caller& caller);
 
   HttpServer::Response Create(const HttpServer::Request& request, const nlohmann::json& body, const Caller& caller);
   HttpServer::Response Exec(const HttpServer::Request& request, const std::string& id, const nlohmann::json& body,
@@ -128,6 +141,9 @@ class LauncherServer {
   std::map<std::string, int64_t> creating_by_tenant_;
   std::mutex cluster_mu_;
   std::function<nlohmann::json()> cluster_status_;
+  std::mutex plane_mu_;
+  std::shared_ptr<const Plane> plane_;
+  std::shared_ptr<const Plane> plane();
   std::unique_ptr<HttpServer> unix_;
   std::vector<std::unique_ptr<HttpServer>> tcp_;
 };

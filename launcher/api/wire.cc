@@ -86,11 +86,42 @@ Result<SandboxSpec> ParseSpec(const json& j, const NodeConfig& node) {
         return Error(EINVAL, StrCat("create: ttl must be 0 to ", kMaxTtlSeconds, " seconds"));
       }
     }
+    if (j.contains("lifetime") && !j["lifetime"].is_null()) {
+      STRATA_ASSIGN_OR_RETURN(spec.deadline_ms, DeadlineField(j["lifetime"], "create: lifetime"));
+    }
+    if (j.contains("labels") && !j["labels"].is_null()) {
+      STRATA_ASSIGN_OR_RETURN(spec.labels, ParseLabels(j["labels"], "create: labels"));
+    }
   } catch (const json::exception& e) {
     return Error(EINVAL, StrCat("create: ", e.what()));
   }
   if (spec.layers.empty()) return Error(EINVAL, "create: layers must name at least one layer");
   return spec;
+}
+
+Result<int64_t> DeadlineField(const json& j, const char* what) {
+  if (!j.is_number() || !(j.get<double>() >= 0 && j.get<double>() <= kMaxTtlSeconds)) {
+    return Error(EINVAL, StrCat(what, " must be 0 to ", kMaxTtlSeconds, " seconds"));
+  }
+  const double seconds = j.get<double>();
+  if (seconds == 0) return int64_t{0};
+  const int64_t now = std::chrono::duration_cast<std::chrono::milliseconds>(
+      std::chrono::system_clock::now().time_since_epoch()).count();
+  return now + static_cast<int64_t>(seconds * 1000);
+}
+
+Result<std::map<std::string, std::string>> ParseLabels(const json& j, const char* what) {
+  if (!j.is_object()) return Error(EINVAL, StrCat(what, " must be an object of strings"));
+  if (j.size() > kMaxLabels) return Error(EINVAL, StrCat(what, ": at most ", kMaxLabels, " labels"));
+  std::map<std::string, std::string> labels;
+  for (const auto& [k, v] : j.items()) {
+    if (!v.is_string()) return Error(EINVAL, StrCat(what, ": label ", Quote(k), " is not a string"));
+    if (k.empty() || k.size() > kMaxLabelBytes || v.get<std::string>().size() > kMaxLabelBytes) {
+      return Error(EINVAL, StrCat(what, ": label ", Quote(k.substr(0, 64)), ": names and values are at most ", kMaxLabelBytes, " bytes, names not empty"));
+    }
+    labels[k] = v.get<std::string>();
+  }
+  return labels;
 }
 
 Result<ExecRequest> ParseExec(const json& j) {

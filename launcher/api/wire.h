@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -24,6 +25,13 @@ namespace strata::launcher::api {
 // Bounds of numbers a request gives (beyond them conversions overflow).
 constexpr int64_t kMaxTtlSeconds = int64_t{10} * 365 * 24 * 3600;
 constexpr int64_t kMaxTimeoutSeconds = int64_t{365} * 24 * 3600;
+// Labels of one sandbox: how many, and the longest name or value.
+constexpr size_t kMaxLabels = 64;
+constexpr size_t kMaxLabelBytes = 1024;
+// A deadline given as seconds from now (0: none), in unix milliseconds.
+Result<int64_t> DeadlineField(const nlohmann::json& j, const char* what);
+// A sandbox's labels: an object of strings, within the bounds above.
+Result<std::map<std::string, std::string>> ParseLabels(const nlohmann::json& j, const char* what);
 // The most output an exec may keep per stream (a collected answer holds it).
 constexpr uint64_t kMaxOutputCap = uint64_t{64} << 20;
 

@@ -42,6 +42,7 @@ void AddResume(CLI::App&, Cli&);
 void AddSnapshot(CLI::App&, Cli&);
 void AddDestroy(CLI::App&, Cli&);
 void AddWarm(CLI::App&, Cli&);
+void AddTemplate(CLI::App&, Cli&);
 void AddLs(CLI::App&, Cli&);
 void AddServe(CLI::App&, Cli&);
 void AddGateway(CLI::App&, Cli&);

@@ -7,6 +7,7 @@
 #include "common/strings.h"
 #include "common/units.h"
 #include "launcher/api/server.h"
+#include "launcher/e2b/plane.h"
 #include "launcher/cli/cli.h"
 #include "launcher/cluster/node_registration.h"
 #include "launcher/node/manager.h"
@@ -117,6 +118,9 @@ int Serve(const ServeOptions& options, const ClusterOptions& cluster, const Node
   std::vector<std::string> warnings;
   auto server = LauncherServer::Start(options, **manager, &warnings);
   if (!server.ok()) return Fail(server.status());
+  // E2B's API beside /v1, on the same listeners (docs/e2b.md).
+  auto e2b = e2b::Plane::Open(**server, options.state_dir);
+  if (!e2b.ok()) return Fail(e2b.status());
   std::unique_ptr<NodeRegistration> registration;
   if (!cluster.endpoints.empty()) {
     auto registered = NodeRegistration::Start(cluster, **server);
@@ -129,6 +133,7 @@ int Serve(const ServeOptions& options, const ClusterOptions& cluster, const Node
                               !options.tokens_file.empty() || !options.legacy_token_file.empty());
   std::fprintf(stderr, "launcher: signal %d: stopping (sandboxes keep running; a restart re-adopts them)\n", sig);
   registration.reset();  // (the node leaves the cluster before it stops answering)
+  e2b->reset();
   server->reset();
   return 0;
 }

@@ -60,6 +60,9 @@ struct MhdApi {
   decltype(&MHD_queue_response) queue_response = nullptr;
   decltype(&MHD_start_daemon) start_daemon = nullptr;
   decltype(&MHD_stop_daemon) stop_daemon = nullptr;
+  decltype(&MHD_create_post_processor) create_post_processor = nullptr;
+  decltype(&MHD_post_process) post_process = nullptr;
+  decltype(&MHD_destroy_post_processor) destroy_post_processor = nullptr;
 };
 
 const MhdApi& Mhd() {
@@ -83,6 +86,9 @@ const MhdApi& Mhd() {
     get(a.queue_response, "MHD_queue_response");
     get(a.start_daemon, "MHD_start_daemon");
     get(a.stop_daemon, "MHD_stop_daemon");
+    get(a.create_post_processor, "MHD_create_post_processor");
+    get(a.post_process, "MHD_post_process");
+    get(a.destroy_post_processor, "MHD_destroy_post_processor");
     return a;
   }();
   return api;
@@ -108,7 +114,26 @@ struct Pending {
   uint64_t uploaded = 0;
   Status upload_error;
   bool finished = false;  // Finish() or Abort() was called
+  MHD_PostProcessor* form = nullptr;  // a form upload's decoder
+  ~Pending() {
+    if (form) Mhd().destroy_post_processor(form);
+  }
 };
+
+// Hands a form upload's decoded pieces to its Upload; stops at an error.
+MHD_Result FormPiece(void* cls, MHD_ValueKind, const char* key, const char* filename, const char* content_type,
+                     const char*, const char* data, uint64_t off, size_t size) {
+  auto* pending = static_cast<Pending*>(cls);
+  HttpServer::Upload::FormPiece piece{.field = key ? key : "", .filename = filename ? filename : "",
+                                      .content_type = content_type ? content_type : "", .offset = off,
+                                      .data = std::string_view(data ? data : "", size)};
+  try {
+    pending->upload_error = pending->upload->WritePart(piece);
+  } catch (const std::exception& e) {
+    pending->upload_error = Error(EIO, StrCat("upload: ", e.what()));
+  }
+  return pending->upload_error.ok() ? MHD_YES : MHD_NO;
+}
 
 }  // namespace
 
@@ -332,6 +357,15 @@ MHD_Result Access(void* cls, MHD_Connection* connection, const char* url, const 
         return Send(connection, std::move(*refusal));
       }
     }
+    if (pending->upload && pending->upload->form()) {
+      pending->form = Mhd().create_post_processor(connection, 64 << 10, FormPiece, pending);
+      if (!pending->form) {
+        pending->upload->Abort();
+        pending->finished = true;
+        return Send(connection, HttpServer::ErrorResponse(Error(EINVAL, StrCat(request.method, " ", request.path,
+                                                                                ": the body is not a form (multipart/form-data)"))));
+      }
+    }
     if (pending->upload && pending->declared > limits.max_upload_bytes) {
       pending->upload->Abort();
       pending->finished = true;
@@ -356,10 +390,16 @@ MHD_Result Access(void* cls, MHD_Connection* connection, const char* url, const 
       if (pending->uploaded > limits.max_upload_bytes) {
         pending->upload_error = Error(EFBIG, StrCat("upload is larger than the server takes (", FormatBytes(limits.max_upload_bytes), ")"));
       } else {
-        try {
-          pending->upload_error = pending->upload->Write(std::string_view(upload_data, n));
-        } catch (const std::exception& e) {
-          pending->upload_error = Error(EIO, StrCat("upload: ", e.what()));
+        if (pending->form) {
+          if (Mhd().post_process(pending->form, upload_data, n) != MHD_YES && pending->upload_error.ok()) {
+            pending->upload_error = Error(EINVAL, StrCat(pending->request.method, " ", pending->request.path, ": a malformed form"));
+          }
+        } else {
+          try {
+            pending->upload_error = pending->upload->Write(std::string_view(upload_data, n));
+          } catch (const std::exception& e) {
+            pending->upload_error = Error(EIO, StrCat("upload: ", e.what()));
+          }
         }
       }
       if (!pending->upload_error.ok()) {
@@ -383,6 +423,14 @@ MHD_Result Access(void* cls, MHD_Connection* connection, const char* url, const 
   HttpServer::Response response;
   try {
     if (pending->upload) {
+      if (pending->form && pending->upload_error.ok()) {
+        // (It hands over what it held back, and says whether the body ended where a form may.)
+        MHD_PostProcessor* form = std::exchange(pending->form, nullptr);
+        if (Mhd().destroy_post_processor(form) != MHD_YES && pending->upload_error.ok()) {
+          pending->upload_error = Error(EINVAL, StrCat(pending->request.method, " ", pending->request.path, ": the form is cut short"));
+        }
+        if (!pending->upload_error.ok()) pending->upload->Abort();
+      }
       if (!pending->upload_error.ok()) {
         response = HttpServer::ErrorResponse(pending->upload_error);
       } else {

@@ -70,6 +70,18 @@ class HttpServer {
     virtual Status Write(std::string_view piece) = 0;
     virtual Response Finish() = 0;
     virtual void Abort() = 0;
+    // A form upload (multipart/form-data or urlencoded): the body is
+    // decoded by libmicrohttpd and handed to WritePart() piece by piece
+    // instead of to Write(). A piece at offset 0 starts a part.
+    struct FormPiece {
+      std::string_view field;         // the part's name ("file")
+      std::string_view filename;      // its file name, if any
+      std::string_view content_type;  // its type, if given
+      uint64_t offset = 0;            // of `data` within the part
+      std::string_view data;
+    };
+    virtual bool form() const { return false; }
+    virtual Status WritePart(const FormPiece&) { return Error(EINVAL, "not a form upload"); }
   };
   // Decides, once a request's headers are in, whether it is an upload:
   // returns nullptr for an ordinary request, an Upload to stream the body

@@ -118,11 +118,12 @@ Result<json> SandboxManager::CreateCall(SandboxSpec spec, const std::string& own
   entry->pool = pool;
   entry->spec = spec;
   entry->owner = owner;
-  entry->ttl = spec.ttl_seconds;
+  entry->Settle(spec);
   entry->last_call_ms = NowMs();
-  Status s = Record(entry->id, {{"status", "running"}, {"backend", spec.backend}, {"pool", pool->warm->id()},
-                                {"created", entry->created}, {"spec", CallSpecJson(spec)}, {"owner", owner},
-                                {"ttl", spec.ttl_seconds}});
+  json record = {{"status", "running"}, {"backend", spec.backend}, {"pool", pool->warm->id()},
+                 {"created", entry->created}, {"spec", CallSpecJson(spec)}, {"owner", owner}};
+  record.update(Entry::RecordOf(spec));
+  Status s = Record(entry->id, record);
   if (!s.ok()) {
     std::lock_guard lock(pools_mu_);
     if (--pool->users == 0) pool->idle_since = std::chrono::steady_clock::now();

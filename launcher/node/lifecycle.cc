@@ -163,19 +163,26 @@ void SandboxManager::Touch(const std::string& id) {
   if (entry.ok()) (*entry)->last_call_ms = NowMs();
 }
 
+Status SandboxManager::SetDeadline(const std::string& id, int64_t deadline_ms) {
+  STRATA_ASSIGN_OR_RETURN(auto entry, Find(id));
+  STRATA_RETURN_IF_ERROR(registry_->Update(id, {{"deadline_ms", deadline_ms}}).Annotate("record the deadline of " + id));
+  entry->deadline_ms = deadline_ms;  // (the reaper sees it within its period)
+  return OkStatus();
+}
+
 void SandboxManager::ReapExpired() {
   std::vector<std::string> expired;
   {
     std::lock_guard lock(mu_);
     for (auto& [id, e] : sandboxes_) {
-      if (e->ttl > 0 && e->busy.load() == 0 && e->ExpiresInMs() <= 0) expired.push_back(id);
+      if (e->Expired()) expired.push_back(id);
     }
   }
   for (const auto& id : expired) {
     // (Checked again: a call may have begun since.)
     auto entry = Find(id);
-    if (!entry.ok() || (*entry)->busy.load() > 0 || (*entry)->ExpiresInMs() > 0) continue;
-    STRATA_LOG(kInfo) << "sandbox " << id << ": its ttl passed with no call; destroying it";
+    if (!entry.ok() || !(*entry)->Expired()) continue;
+    STRATA_LOG(kInfo) << "sandbox " << id << ": its ttl or deadline passed; destroying it";
     Status s = Destroy(id);
     if (!s.ok() && s.code() != ENOENT) STRATA_LOG(kWarn) << "destroy expired sandbox " << id << ": " << s.ToString();
   }

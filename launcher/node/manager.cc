@@ -40,6 +40,10 @@ int64_t NowMs() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
+int64_t WallMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
 // Pools are not shared across tenants (their calls share a cgroup).
 std::string PoolKey(const SandboxSpec& spec, const std::string& owner) {
   return StrCat(owner, "|", Join(spec.layers, ","), "|", cache::DefaultStoreUrl(spec.store), "|", spec.limits.cpus, "|", spec.limits.memory,
@@ -139,8 +143,40 @@ SandboxManager::~SandboxManager() {
 
 int64_t SandboxManager::Entry::ExpiresInMs() const { return ttl > 0 ? last_call_ms.load() + ttl * 1000 - NowMs() : 0; }
 
+bool SandboxManager::Entry::Expired() const {
+  if (busy.load() > 0) return false;
+  if (ttl > 0 && ExpiresInMs() <= 0) return true;
+  const int64_t deadline = deadline_ms.load();
+  return deadline > 0 && deadline <= WallMs();
+}
+
+void SandboxManager::Entry::Settle(const SandboxSpec& given) {
+  ttl = given.ttl_seconds;
+  deadline_ms = given.deadline_ms;
+  labels = given.labels;
+}
+
+json SandboxManager::Entry::RecordOf(const SandboxSpec& given) {
+  json r = {{"ttl", given.ttl_seconds}};
+  if (given.deadline_ms > 0) r["deadline_ms"] = given.deadline_ms;
+  if (!given.labels.empty()) r["labels"] = given.labels;
+  return r;
+}
+
+void SandboxManager::Entry::FromRecord(const json& record) {
+  ttl = record.value("ttl", int64_t{0});
+  deadline_ms = record.value("deadline_ms", int64_t{0});
+  if (auto it = record.find("labels"); it != record.end() && it->is_object()) {
+    for (const auto& [k, v] : it->items()) {
+      if (v.is_string()) labels[k] = v.get<std::string>();
+    }
+  }
+}
+
 json SandboxManager::Entry::Info() const {
   auto with_ttl = [&](json info) {
+    if (!labels.empty()) info["labels"] = labels;
+    if (const int64_t deadline = deadline_ms.load(); deadline > 0) info["deadline"] = static_cast<double>(deadline) / 1000;
     if (ttl > 0) {
       info["ttl"] = ttl;
       info["expires_in"] = std::max<double>(0, static_cast<double>(ExpiresInMs()) / 1000);
@@ -219,7 +255,7 @@ Status SandboxManager::Recover() {
         entry->id = id;
         entry->created = record.value("created", int64_t{0});
         entry->owner = record.value("owner", "");
-        entry->ttl = record.value("ttl", int64_t{0});
+        entry->FromRecord(record);
         entry->last_call_ms = NowMs();  // (a restart counts as a call: the safe side)
         const json spec = record.value("spec", json::object());
         entry->spec.layers = spec.value("layers", std::vector<std::string>{});
@@ -280,7 +316,7 @@ Status SandboxManager::Recover() {
       entry->warm_pool = record.value("warm", "");
       entry->memory_commit = MemoryCommit(node_, (*sandbox)->spec());
       entry->owner = record.value("owner", "");
-      entry->ttl = record.value("ttl", int64_t{0});
+      entry->FromRecord(record);
       entry->last_call_ms = NowMs();
       entry->sandbox = std::move(*sandbox);
       sandboxes_[id] = entry;
@@ -393,7 +429,9 @@ Result<json> SandboxManager::Create(SandboxSpec spec, const std::string& owner) 
     return sandbox.status();
   }
   json info = (*sandbox)->Info();
-  Status s = Record(id, {{"status", "running"}, {"created", info["created"]}, {"owner", owner}, {"ttl", spec.ttl_seconds}});
+  json record = {{"status", "running"}, {"created", info["created"]}, {"owner", owner}};
+  record.update(Entry::RecordOf(spec));
+  Status s = Record(id, record);
   if (!s.ok()) {
     (*sandbox)->Destroy().IgnoreError();
     Forget(id).IgnoreError();
@@ -403,7 +441,7 @@ Result<json> SandboxManager::Create(SandboxSpec spec, const std::string& owner) 
   entry->id = id;
   entry->memory_commit = MemoryCommit(node_, spec);
   entry->owner = owner;
-  entry->ttl = spec.ttl_seconds;
+  entry->Settle(spec);
   entry->last_call_ms = NowMs();
   entry->sandbox = std::move(*sandbox);
   {

@@ -59,6 +59,8 @@ class SandboxManager {
 
   // A call on the sandbox: its ttl counts from now.
   void Touch(const std::string& id);
+  // The sandbox is destroyed at `deadline_ms` (unix milliseconds; 0: never).
+  Status SetDeadline(const std::string& id, int64_t deadline_ms);
   // A call in progress that outlives the handler (a streamed transfer):
   // the ttl does not run out while the returned holder lives, and counts
   // from when it goes. Null when there is no such sandbox.
@@ -172,6 +174,14 @@ class SandboxManager {
     std::string owner;  // tenant; "" for the operator's
     int64_t created = 0;
     int64_t ttl = 0;    // seconds after the last call; 0: none
+    std::atomic<int64_t> deadline_ms{0};  // unix milliseconds; 0: none
+    std::map<std::string, std::string> labels;
+    // Takes the settings a record keeps of `spec` (ttl, deadline, labels).
+    void Settle(const SandboxSpec& given);
+    // Those settings as a record keeps them, and back.
+    static nlohmann::json RecordOf(const SandboxSpec& given);
+    void FromRecord(const nlohmann::json& record);
+    bool Expired() const;
     std::atomic<int64_t> last_call_ms{0};  // steady clock
     std::atomic<int> busy{0};              // calls in progress
     int64_t ExpiresInMs() const;

@@ -16,6 +16,8 @@ namespace strata::launcher::manager {
 
 // The steady clock in milliseconds.
 int64_t NowMs();
+// The wall clock in milliseconds since the epoch (deadlines).
+int64_t WallMs();
 
 // Function-call pools are not shared across tenants (their calls share a
 // cgroup).

@@ -128,6 +128,16 @@ Status Registry::Record(const std::string& id, const json& record) {
   return txn.Commit();
 }
 
+Status Registry::Update(const std::string& id, const json& fields) {
+  STRATA_ASSIGN_OR_RETURN(LmdbTxn txn, LmdbTxn::Begin(env_, false));
+  STRATA_ASSIGN_OR_RETURN(std::string_view v, txn.Get(db_, id));
+  json record = json::parse(v, nullptr, false);
+  if (!record.is_object()) return Error(EINVAL, "the record of " + id + " is not JSON");
+  record.update(fields);
+  STRATA_RETURN_IF_ERROR(txn.Put(db_, id, record.dump()).status());
+  return txn.Commit();
+}
+
 Status Registry::Forget(const std::string& id) {
   STRATA_ASSIGN_OR_RETURN(LmdbTxn txn, LmdbTxn::Begin(env_, false));
   STRATA_RETURN_IF_ERROR(txn.Del(db_, id).status());

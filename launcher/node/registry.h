@@ -43,6 +43,8 @@ class Registry {
   // crash of the machine not at all, and they need not be.
   Status Record(const std::string& id, const nlohmann::json& record);
   Status Forget(const std::string& id);
+  // Sets `fields` in a sandbox's record (ENOENT: none).
+  Status Update(const std::string& id, const nlohmann::json& fields);
   // `id` recorded and `old_id` forgotten in one commit (a warm sandbox
   // taken by a create is the pool's or the create's, never both).
   Status Rename(const std::string& old_id, const std::string& id, const nlohmann::json& record);

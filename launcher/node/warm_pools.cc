@@ -164,8 +164,9 @@ Result<std::optional<json>> SandboxManager::TakeWarm(const SandboxSpec& spec, co
     // One transaction: the sandbox is the pool's or the create's, never
     // both; the create's settings are in its record (a restart hands them
     // back with Reassign), so the take writes nothing else.
-    const json record = {{"status", "running"}, {"created", assignment["created"]}, {"owner", owner}, {"ttl", spec.ttl_seconds},
-                         {"internal", sb->id()}, {"warm", pool->name}, {"assigned", std::move(assignment)}};
+    json record = {{"status", "running"}, {"created", assignment["created"]}, {"owner", owner},
+                   {"internal", sb->id()}, {"warm", pool->name}, {"assigned", std::move(assignment)}};
+    record.update(Entry::RecordOf(spec));
     if (Status s = registry_->Rename(sb->id(), spec.id, record); !s.ok()) return give_back(s.Annotate("record sandbox " + spec.id));
   }
   timer.Step("record");
@@ -174,7 +175,7 @@ Result<std::optional<json>> SandboxManager::TakeWarm(const SandboxSpec& spec, co
   entry->warm_pool = pool->name;
   entry->memory_commit = MemoryCommit(node_, sb->spec());
   entry->owner = owner;
-  entry->ttl = spec.ttl_seconds;
+  entry->Settle(spec);
   entry->last_call_ms = NowMs();
   entry->sandbox = std::move(sb);
   {

@@ -380,6 +380,12 @@ Result<json> AgentClient::ListExecs() {
   return ControlCall(fd.get(), Frame::kListExecs, json::object());
 }
 
+Result<json> AgentClient::Fs(const json& request) {
+  STRATA_ASSIGN_OR_RETURN(int raw, Connect(kControlReplyTimeout));
+  UniqueFd fd(raw);
+  return ControlCall(fd.get(), Frame::kFs, request);
+}
+
 Status AgentClient::SignalExec(const std::string& exec_id, int signal) {
   STRATA_ASSIGN_OR_RETURN(int raw, Connect(kControlReplyTimeout));
   UniqueFd fd(raw);

@@ -166,6 +166,8 @@ class AgentClient {
   // waiting up to `wait` for it to end.
   Result<nlohmann::json> ExecStatus(const std::string& exec_id, Duration wait = Duration{0});
   Result<nlohmann::json> ListExecs();
+  // A filesystem call (protocol version 6): {"op", "path", ...} (protocol.h, kFs).
+  Result<nlohmann::json> Fs(const nlohmann::json& request);
   Status SignalExec(const std::string& exec_id, int signal);
   // Asks the agent to kill everything and exit; the sandbox's init is gone after.
   Status Shutdown();

@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -85,6 +86,12 @@ struct SandboxSpec {
   // The daemon destroys the sandbox this long after the last call on it
   // (0: never). Kept by the daemon, not the sandbox.
   int64_t ttl_seconds = 0;
+  // The daemon destroys the sandbox at this time (unix milliseconds),
+  // whatever calls it has (0: never); a caller may move it.
+  int64_t deadline_ms = 0;
+  // The caller's names for it (metadata): kept by the daemon, shown in its
+  // description, and what a listing may be filtered by.
+  std::map<std::string, std::string> labels;
   // What every command but the grader's may not see or change.
   FileRules files;
   // The default of its execs' kill_leftovers.

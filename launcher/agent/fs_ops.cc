@@ -1,0 +1,174 @@
+// The agent's filesystem calls (protocol version 6, kFs): describe, list,
+// make, move and remove entries of the sandbox's tree, as its own root
+// sees them. The E2B plane's filesystem service is made of them.
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "common/fs.h"
+#include "common/strings.h"
+#include "launcher/agent/agent.h"
+#include "launcher/agent/request.h"
+#include "launcher/protocol/protocol.h"
+
+namespace strata::launcher {
+
+using nlohmann::json;
+using agent::SendError;
+
+namespace {
+
+// The most entries one list answers, and the deepest it goes.
+constexpr size_t kMaxListEntries = 100000;
+constexpr uint32_t kMaxListDepth = 64;
+
+// uid/gid -> name, from the sandbox's own /etc/passwd or /etc/group.
+std::map<uint32_t, std::string> Names(const char* file) {
+  std::map<uint32_t, std::string> names;
+  auto text = ReadFileToString(file);
+  if (!text.ok()) return names;
+  for (const auto& line : Split(*text, '\n')) {
+    auto fields = Split(line, ':');
+    if (fields.size() >= 3 && !fields[0].empty()) names.emplace(std::strtoul(fields[2].c_str(), nullptr, 10), fields[0]);
+  }
+  return names;
+}
+
+std::string Permissions(mode_t mode) {
+  std::string p = S_ISDIR(mode) ? "d" : S_ISLNK(mode) ? "L" : "-";
+  const char* rwx = "rwxrwxrwx";
+  for (int i = 0; i < 9; ++i) p.push_back(mode & (0400 >> i) ? rwx[i] : '-');
+  return p;
+}
+
+struct Describer {
+  std::map<uint32_t, std::string> users = Names("/etc/passwd"), groups = Names("/etc/group");
+
+  Result<json> Entry(const std::string& path) const {
+    struct stat st;
+    if (::lstat(path.c_str(), &st) != 0) return ErrnoError(errno, "stat " + path);
+    const size_t slash = path.rfind('/');
+    json e = {{"name", path == "/" ? "/" : path.substr(slash + 1)},
+              {"path", path},
+              {"type", S_ISDIR(st.st_mode) ? "dir" : S_ISLNK(st.st_mode) ? "symlink" : "file"},
+              {"size", st.st_size},
+              {"mode", st.st_mode & 07777},
+              {"permissions", Permissions(st.st_mode)},
+              {"mtime_ns", static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec}};
+    auto u = users.find(st.st_uid);
+    e["owner"] = u == users.end() ? std::to_string(st.st_uid) : u->second;
+    auto g = groups.find(st.st_gid);
+    e["group"] = g == groups.end() ? std::to_string(st.st_gid) : g->second;
+    if (S_ISLNK(st.st_mode)) {
+      char target[4096];
+      const ssize_t n = ::readlink(path.c_str(), target, sizeof target);
+      if (n >= 0) e["target"] = std::string(target, static_cast<size_t>(n));
+    }
+    return e;
+  }
+
+  Status List(const std::string& dir, uint32_t depth, json* out) const {
+    DIR* d = ::opendir(dir.c_str());
+    if (!d) return ErrnoError(errno, "list " + dir);
+    std::vector<std::string> names;
+    while (dirent* e = ::readdir(d)) {
+      const std::string name = e->d_name;
+      if (name != "." && name != "..") names.push_back(name);
+    }
+    ::closedir(d);
+    std::sort(names.begin(), names.end());
+    for (const auto& name : names) {
+      if (out->size() >= kMaxListEntries) return Error(E2BIG, StrCat("list ", dir, ": more than ", kMaxListEntries, " entries"));
+      const std::string path = dir == "/" ? "/" + name : dir + "/" + name;
+      auto entry = Entry(path);
+      if (!entry.ok()) continue;  // (gone meanwhile)
+      const bool is_dir = (*entry)["type"] == "dir";
+      out->push_back(std::move(*entry));
+      if (is_dir && depth > 1) STRATA_RETURN_IF_ERROR(List(path, depth - 1, out));
+    }
+    return OkStatus();
+  }
+};
+
+// Removes `path` and, for a directory, everything below it, never
+// following a link.
+Status RemoveTree(const std::string& path) {
+  struct stat st;
+  if (::lstat(path.c_str(), &st) != 0) return ErrnoError(errno, "remove " + path);
+  if (!S_ISDIR(st.st_mode)) return ::unlink(path.c_str()) == 0 ? OkStatus() : ErrnoError(errno, "remove " + path);
+  DIR* d = ::opendir(path.c_str());
+  if (!d) return ErrnoError(errno, "remove " + path);
+  std::vector<std::string> names;
+  while (dirent* e = ::readdir(d)) {
+    const std::string name = e->d_name;
+    if (name != "." && name != "..") names.push_back(name);
+  }
+  ::closedir(d);
+  for (const auto& name : names) STRATA_RETURN_IF_ERROR(RemoveTree(path + "/" + name));
+  return ::rmdir(path.c_str()) == 0 ? OkStatus() : ErrnoError(errno, "remove " + path);
+}
+
+bool Absolute(const std::string& path) {
+  if (path.empty() || path[0] != '/' || path.find('\0') != std::string::npos) return false;
+  for (const auto& part : Split(path, '/')) {
+    if (part == "..") return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+Status Agent::Fs(int conn, const json& req) {
+  const std::string op = req.value("op", "");
+  const std::string path = req.value("path", "");
+  if (!Absolute(path)) return SendError(conn, Error(EINVAL, StrCat(op, ": path must be absolute, without \"..\"")));
+  Describer describe;
+  auto answer = [&](Result<json> r) {
+    if (!r.ok()) return SendError(conn, r.status());
+    return WriteFrame(conn, Frame::kOk, r->dump(-1, ' ', false, json::error_handler_t::replace));
+  };
+  if (op == "stat") {
+    auto e = describe.Entry(path);
+    return answer(e.ok() ? Result<json>(json{{"entry", *e}}) : Result<json>(e.status()));
+  }
+  if (op == "list") {
+    const uint32_t depth = std::clamp<uint32_t>(req.value("depth", 1u), 1, kMaxListDepth);
+    auto top = describe.Entry(path);
+    if (!top.ok()) return answer(top.status());
+    if ((*top)["type"] != "dir") return answer(Error(ENOTDIR, "list " + path + ": not a directory"));
+    json entries = json::array();
+    Status s = describe.List(path, depth, &entries);
+    return answer(s.ok() ? Result<json>(json{{"entries", entries}}) : Result<json>(s));
+  }
+  if (op == "mkdir") {
+    struct stat st;
+    if (::lstat(path.c_str(), &st) == 0) return answer(Error(EEXIST, "mkdir " + path + ": exists"));
+    Status s = MakeDirs(path);
+    if (!s.ok()) return answer(s);
+    auto e = describe.Entry(path);
+    return answer(e.ok() ? Result<json>(json{{"entry", *e}}) : Result<json>(e.status()));
+  }
+  if (op == "move") {
+    const std::string to = req.value("to", "");
+    if (!Absolute(to)) return answer(Error(EINVAL, "move: the destination must be absolute, without \"..\""));
+    Status s = MakeDirs(Dirname(to));
+    if (s.ok() && ::rename(path.c_str(), to.c_str()) != 0) s = ErrnoError(errno, "move " + path + " to " + to);
+    if (!s.ok()) return answer(s);
+    auto e = describe.Entry(to);
+    return answer(e.ok() ? Result<json>(json{{"entry", *e}}) : Result<json>(e.status()));
+  }
+  if (op == "remove") {
+    if (path == "/") return answer(Error(EPERM, "remove /: refused"));
+    Status s = RemoveTree(path);
+    return answer(s.ok() ? Result<json>(json::object()) : Result<json>(s));
+  }
+  return answer(Error(EINVAL, "fs: unknown op " + Quote(op)));
+}
+
+}  // namespace strata::launcher

@@ -1,0 +1,87 @@
+// The Connect protocol (connectrpc.com/docs/protocol) over our HTTP server,
+// as envd's clients speak it: unary and server-streaming calls, in JSON
+// (what the JavaScript SDK sends) or binary protobuf, with Connect's error
+// format. Messages are libprotobuf's (the .proto files beside this one);
+// this file only frames them. Client streaming is served from a body that
+// is already whole (HTTP/1.1 cannot interleave it with the answer).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <google/protobuf/message.h>
+
+#include "common/status.h"
+#include "launcher/front/http_server.h"
+
+namespace strata::launcher::e2b {
+
+// Connect's error codes ("not_found", ...), each with its HTTP status.
+enum class Code {
+  kCanceled,
+  kUnknown,
+  kInvalidArgument,
+  kDeadlineExceeded,
+  kNotFound,
+  kAlreadyExists,
+  kPermissionDenied,
+  kResourceExhausted,
+  kFailedPrecondition,
+  kAborted,
+  kOutOfRange,
+  kUnimplemented,
+  kInternal,
+  kUnavailable,
+  kDataLoss,
+  kUnauthenticated,
+};
+const char* CodeName(Code code);
+int HttpStatusOf(Code code);
+// The code of a strata error (ENOENT: not_found, EACCES: permission_denied, ...).
+Code CodeOf(const Status& status);
+
+// The most one message may hold (a larger one is resource_exhausted).
+inline constexpr size_t kMaxMessageBytes = size_t{4} << 20;
+
+// One call as it arrived.
+struct Call {
+  std::string service;  // "process.Process"
+  std::string method;   // "Start"
+  bool streaming = false;  // application/connect+json|proto
+  bool binary = false;     // protobuf rather than JSON
+  // The request's messages: one for unary and server-streaming calls,
+  // any number for client streaming.
+  std::vector<std::string> messages;
+};
+
+// Reads a call from `request` (POST /<service>/<method>): its encoding
+// from the content type, its messages from the body (one, or a stream of
+// envelopes). An error names what is wrong (an unknown content type, a
+// malformed or oversized envelope, a compressed message).
+Result<Call> ParseCall(const HttpServer::Request& request);
+
+// Decodes message `index` of `call` into `out` (JSON: unknown fields are
+// ignored, as Connect servers do).
+Status Decode(const Call& call, size_t index, google::protobuf::Message* out);
+// `message` in the call's encoding.
+std::string Encode(const Call& call, const google::protobuf::Message& message);
+
+// A unary call's answers.
+HttpServer::Response UnaryReply(const Call& call, const google::protobuf::Message& message);
+HttpServer::Response ErrorReply(Code code, std::string_view message);
+HttpServer::Response ErrorReply(const Status& status);
+
+// A streaming call's pieces: one message, and the end of the stream (with
+// the error, if the call failed).
+std::string StreamMessage(const Call& call, const google::protobuf::Message& message);
+std::string StreamEnd(const Status& status = OkStatus());
+std::string StreamEnd(Code code, std::string_view message);
+// The content type of a streamed answer to `call`.
+std::string StreamContentType(const Call& call);
+
+// One envelope: flags (0x02: the end of a stream), length, data.
+std::string Envelope(uint8_t flags, std::string_view data);
+
+}  // namespace strata::launcher::e2b

@@ -1,0 +1,89 @@
+// E2B's sandbox API beside /v1, on the node daemon's own listeners
+// (docs/e2b.md): the REST control plane (X-API-KEY: a strata token) made
+// of /v1 calls for the same caller, so tenants, limits, admission and
+// answers are /v1's; and envd's data plane (its HTTP API and the Connect
+// services process.Process and filesystem.Filesystem), routed by the
+// E2b-Sandbox-Id header (or a Host "49983-<id>.<domain>") and allowed by
+// the sandbox's access token. Templates — named layer stacks with a back
+// end and resources — are the node's, kept in its state directory.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "launcher/api/server.h"
+
+namespace strata::launcher::e2b {
+
+// What envd version the data plane answers as (the SDK gates features on it).
+inline constexpr const char* kEnvdVersion = "0.6.4";
+// The port E2B's clients address envd by.
+inline constexpr int kEnvdPort = 49983;
+// A create without a timeout lives this long (E2B's default).
+inline constexpr int64_t kDefaultTimeoutSeconds = 300;
+
+struct Template {
+  std::vector<std::string> layers;  // bottom first
+  std::string backend;              // empty: the node's default
+  uint64_t memory = 0;              // bytes; 0: none
+  double cpus = 0;
+  nlohmann::json ToJson(const std::string& name) const;
+  static Result<Template> FromJson(const nlohmann::json& j);
+};
+
+class Plane {
+ public:
+  // Reads the templates and the access-token secret from `state_dir`
+  // (making the secret on first use), and serves on `server`'s listeners.
+  static Result<std::unique_ptr<Plane>> Open(LauncherServer& server, const std::string& state_dir);
+  ~Plane();
+
+  // Whether `request` is this plane's: E2B's paths, /v1/templates, or an
+  // envd call (E2b-Sandbox-Id, or a Host naming a sandbox).
+  static bool Claims(const HttpServer::Request& request);
+
+  // The access token of sandbox `id` (what envd calls must carry).
+  std::string AccessToken(const std::string& id) const;
+
+ private:
+  Plane(LauncherServer& server) : server_(server) {}
+  HttpServer::Response Handle(const HttpServer::Request& request);
+  std::unique_ptr<HttpServer::Upload> StartUpload(const HttpServer::Request& request,
+                                                  std::optional<HttpServer::Response>* refusal);
+
+  // The control plane, for an authenticated caller.
+  HttpServer::Response Control(const HttpServer::Request& request, const Caller& caller);
+  HttpServer::Response Create(const nlohmann::json& body, const Caller& caller);
+  HttpServer::Response Connect(const std::string& id, const nlohmann::json& body, const Caller& caller);
+  HttpServer::Response List(const HttpServer::Request& request, const Caller& caller, bool v2);
+  HttpServer::Response Templates(const HttpServer::Request& request, const Caller& caller);
+  // A /v1 call for `caller`: its answer's JSON, or the error it answered.
+  Result<nlohmann::json> V1(const std::string& method, const std::string& path, const nlohmann::json& body,
+                            const Caller& caller, int* status = nullptr);
+  // E2B's description of a sandbox from /v1's (Sandbox, or with `detail`
+  // SandboxDetail / ListedSandbox).
+  nlohmann::json Describe(const nlohmann::json& info, bool detail) const;
+
+  // The data plane: the sandbox a call names, if its token allows it.
+  Result<std::string> EnvdSandbox(const HttpServer::Request& request) const;
+  HttpServer::Response Envd(const HttpServer::Request& request);
+  HttpServer::Response Rpc(const HttpServer::Request& request, const std::string& id);
+  HttpServer::Response GetFile(const HttpServer::Request& request, const std::string& id);
+
+  Result<std::optional<Template>> FindTemplate(const std::string& name);
+  Status SaveTemplates();
+
+  LauncherServer& server_;
+  std::string templates_file_;
+  std::string secret_;
+  std::mutex mu_;
+  std::map<std::string, Template> templates_;
+};
+
+}  // namespace strata::launcher::e2b

@@ -1,0 +1,224 @@
+// E2B's own SDK (npm e2b, pinned in tests/npm) against a real strata
+// daemon: the control plane, commands and files, with nothing changed but
+// E2B_API_URL, E2B_SANDBOX_URL and E2B_API_KEY (docs/e2b.md).
+import assert from 'node:assert/strict';
+import { after, before, describe, test } from 'node:test';
+
+import { Node, requireNpm } from './node.mjs';
+
+const node = new Node();
+let e2b;
+
+before(async () => {
+  await node.start();
+  process.env.E2B_API_URL = node.url;
+  process.env.E2B_SANDBOX_URL = node.url;
+  process.env.E2B_API_KEY = node.tenant;
+  e2b = requireNpm('e2b');
+});
+
+after(async () => {
+  await node.stop();
+});
+
+async function fresh(opts = {}) {
+  return e2b.Sandbox.create('base', { timeoutMs: 120_000, ...opts });
+}
+
+describe('the control plane', () => {
+  test('create, describe, list by metadata, kill', async () => {
+    const sbx = await fresh({ metadata: { run: 'r1', step: '7' } });
+    assert.match(sbx.sandboxId, /^sb-/);
+    const info = await sbx.getInfo();
+    assert.equal(info.sandboxId, sbx.sandboxId);
+    assert.equal(info.templateId, 'base');
+    assert.deepEqual(info.metadata, { run: 'r1', step: '7' });
+    assert.equal(info.state, 'running');
+    assert.ok(info.endAt.getTime() > Date.now() + 60_000);
+    const found = await e2b.Sandbox.list({ query: { metadata: { run: 'r1' } } }).nextItems();
+    assert.deepEqual(found.map((s) => s.sandboxId), [sbx.sandboxId]);
+    const none = await e2b.Sandbox.list({ query: { metadata: { run: 'nope' } } }).nextItems();
+    assert.equal(none.length, 0);
+    assert.equal(await sbx.kill(), true);
+    assert.equal(await e2b.Sandbox.kill(sbx.sandboxId), false);
+    assert.equal(node.sandboxes().length, 0);
+  });
+
+  test('an unknown template is a clear error, and no sandbox is made', async () => {
+    await assert.rejects(e2b.Sandbox.create('no-such-template'), /template "?no-such-template"? not found/);
+    assert.equal(node.sandboxes().length, 0);
+  });
+
+  test('a wrong key is refused', async () => {
+    await assert.rejects(e2b.Sandbox.create('base', { apiKey: 'not-a-token' }), e2b.AuthenticationError);
+  });
+
+  test("another tenant's sandbox is not found on either plane", async () => {
+    const sbx = await fresh();
+    try {
+      await assert.rejects(e2b.Sandbox.connect(sbx.sandboxId, { apiKey: node.other }), e2b.NotFoundError ?? Error);
+      assert.equal(await e2b.Sandbox.kill(sbx.sandboxId, { apiKey: node.other }), false);
+      const theirs = await e2b.Sandbox.list({ apiKey: node.other }).nextItems();
+      assert.equal(theirs.length, 0);
+    } finally {
+      await sbx.kill();
+    }
+  });
+
+  test('setTimeout moves the end; pause, then connect resumes', async () => {
+    const sbx = await fresh();
+    try {
+      await sbx.setTimeout(30_000);
+      const info = await sbx.getInfo();
+      assert.ok(info.endAt.getTime() < Date.now() + 40_000, `endAt ${info.endAt}`);
+      await sbx.pause();
+      assert.equal((await sbx.getInfo()).state, 'paused');
+      const again = await e2b.Sandbox.connect(sbx.sandboxId, { timeoutMs: 120_000 });
+      assert.equal((await again.getInfo()).state, 'running');
+      const r = await again.commands.run('echo back');
+      assert.equal(r.stdout, 'back\n');
+    } finally {
+      await sbx.kill();
+    }
+  });
+
+  test("E2B's template build API says where templates come from", async () => {
+    const r = await fetch(node.url + '/v3/templates', { method: 'POST', headers: { 'X-API-KEY': node.tenant, 'content-type': 'application/json' }, body: '{}' });
+    assert.equal(r.status, 400);
+    assert.match((await r.json()).message, /layerctl/);
+  });
+});
+
+describe('commands', () => {
+  let sbx;
+  before(async () => { sbx = await fresh(); });
+  after(async () => { await sbx.kill(); });
+
+  test('run in the foreground: output, exit code, env and cwd', async () => {
+    const r = await sbx.commands.run('echo "$GREETING" && pwd && echo oops >&2', { envs: { GREETING: 'hello' }, cwd: '/tmp' });
+    assert.equal(r.exitCode, 0);
+    assert.equal(r.stdout, 'hello\n/tmp\n');
+    assert.equal(r.stderr, 'oops\n');
+  });
+
+  test('a failing command is CommandExitError with its exit code and output', async () => {
+    await assert.rejects(sbx.commands.run('echo partial; exit 3'), (e) => {
+      assert.ok(e instanceof e2b.CommandExitError);
+      assert.equal(e.exitCode, 3);
+      assert.equal(e.stdout, 'partial\n');
+      return true;
+    });
+  });
+
+  test('output streams as it comes', async () => {
+    const seen = [];
+    const r = await sbx.commands.run('for i in 1 2 3; do echo $i; sleep 0.2; done', { onStdout: (d) => seen.push([d, Date.now()]) });
+    assert.equal(r.stdout, '1\n2\n3\n');
+    assert.ok(seen.length >= 2, `pieces: ${JSON.stringify(seen)}`);
+    assert.ok(seen.at(-1)[1] - seen[0][1] >= 200);
+  });
+
+  test('in the background: listed, killed, and its wait ends', async () => {
+    const h = await sbx.commands.run('sleep 60', { background: true });
+    assert.ok(h.pid > 0);
+    const listed = await sbx.commands.list();
+    assert.ok(listed.some((p) => p.pid === h.pid), JSON.stringify(listed));
+    assert.equal(await sbx.commands.kill(h.pid), true);
+    await assert.rejects(h.wait(), e2b.CommandExitError);
+    assert.equal(await sbx.commands.kill(h.pid), false);
+  });
+
+  test('connect to a running command sees its output to come', async () => {
+    const h = await sbx.commands.run('sleep 0.5; echo late', { background: true });
+    const joined = await sbx.commands.connect(h.pid);
+    const r = await joined.wait();
+    assert.equal(r.stdout, 'late\n');
+  });
+});
+
+describe('files', () => {
+  let sbx;
+  before(async () => { sbx = await fresh(); });
+  after(async () => { await sbx.kill(); });
+
+  test('write then read, text and bytes, relative to the home', async () => {
+    const info = await sbx.files.write('notes/a.txt', 'hello file');
+    assert.equal(info.path, '/home/user/notes/a.txt');
+    assert.equal(await sbx.files.read('/home/user/notes/a.txt'), 'hello file');
+    const bytes = new Uint8Array(256).map((_, i) => i);
+    await sbx.files.write('/tmp/bin', bytes.buffer);
+    assert.deepEqual(await sbx.files.read('/tmp/bin', { format: 'bytes' }), bytes);
+    const r = await sbx.commands.run('cat /home/user/notes/a.txt');
+    assert.equal(r.stdout, 'hello file');
+  });
+
+  test('several files at once', async () => {
+    const infos = await sbx.files.write([{ path: '/tmp/m/1', data: 'one' }, { path: '/tmp/m/2', data: 'two' }]);
+    assert.deepEqual(infos.map((i) => i.path), ['/tmp/m/1', '/tmp/m/2']);
+    assert.equal(await sbx.files.read('/tmp/m/2'), 'two');
+  });
+
+  test('list, exists, getInfo, makeDir, rename, remove', async () => {
+    assert.equal(await sbx.files.makeDir('/tmp/tree/a'), true);
+    assert.equal(await sbx.files.makeDir('/tmp/tree/a'), false);
+    await sbx.files.write('/tmp/tree/a/f.txt', '12345');
+    await sbx.commands.run('ln -s a/f.txt /tmp/tree/link');
+    const top = await sbx.files.list('/tmp/tree');
+    assert.deepEqual(top.map((e) => [e.name, e.type]), [['a', 'dir'], ['link', 'symlink']]);
+    const deep = await sbx.files.list('/tmp/tree', { depth: 2 });
+    assert.deepEqual(deep.map((e) => e.path), ['/tmp/tree/a', '/tmp/tree/a/f.txt', '/tmp/tree/link']);
+    const info = await sbx.files.getInfo('/tmp/tree/a/f.txt');
+    assert.equal(info.size, 5);
+    assert.equal(info.type, 'file');
+    assert.equal(info.owner, 'root');
+    assert.match(info.permissions, /^-rw/);
+    assert.ok(Math.abs(info.modifiedTime.getTime() - Date.now()) < 60_000);
+    assert.equal((await sbx.files.getInfo('/tmp/tree/link')).symlinkTarget, 'a/f.txt');
+    assert.equal(await sbx.files.exists('/tmp/tree/a/f.txt'), true);
+    assert.equal(await sbx.files.exists('/tmp/tree/nope'), false);
+    const moved = await sbx.files.rename('/tmp/tree/a/f.txt', '/tmp/tree/b/g.txt');
+    assert.equal(moved.path, '/tmp/tree/b/g.txt');
+    assert.equal(await sbx.files.read('/tmp/tree/b/g.txt'), '12345');
+    await sbx.files.remove('/tmp/tree');
+    assert.equal(await sbx.files.exists('/tmp/tree'), false);
+    await assert.rejects(sbx.files.getInfo('/tmp/tree'), e2b.NotFoundError);
+  });
+
+  test('a missing file is NotFoundError', async () => {
+    await assert.rejects(sbx.files.read('/no/such/file'), e2b.NotFoundError);
+  });
+});
+
+describe('the data plane refuses what it must', () => {
+  let sbx;
+  before(async () => { sbx = await fresh(); });
+  after(async () => { await sbx.kill(); });
+
+  const call = (headers, body = '{}', path = '/process.Process/List', type = 'application/json') =>
+    fetch(node.url + path, { method: 'POST', headers: { 'content-type': type, 'connect-protocol-version': '1', ...headers }, body });
+
+  test('no token, a wrong token, an unknown sandbox', async () => {
+    assert.equal((await call({ 'E2b-Sandbox-Id': sbx.sandboxId })).status, 401);
+    assert.equal((await call({ 'E2b-Sandbox-Id': sbx.sandboxId, 'X-Access-Token': 'x'.repeat(64) })).status, 401);
+    const r = await call({ 'E2b-Sandbox-Id': 'sb-0000', 'X-Access-Token': 'x' });
+    assert.equal(r.status, 404);
+    assert.equal((await r.json()).code, 'not_found');
+  });
+
+  test('malformed envelopes, unknown methods, paths with ..', async () => {
+    const ok = { 'E2b-Sandbox-Id': sbx.sandboxId, 'X-Access-Token': sbx.envdAccessToken ?? '' };
+    // (the SDK keeps the token private; ask the control plane for it)
+    const detail = await (await fetch(`${node.url}/sandboxes/${sbx.sandboxId}`, { headers: { 'X-API-KEY': node.tenant } })).json();
+    ok['X-Access-Token'] = detail.envdAccessToken;
+    let r = await call(ok, Buffer.from([0, 0, 0, 0, 99, 1]), '/process.Process/Start', 'application/connect+json');
+    assert.equal(r.status, 200);
+    assert.match(Buffer.from(await r.arrayBuffer()).subarray(5).toString(), /invalid_argument/);
+    r = await call(ok, '{}', '/process.Process/Nope');
+    assert.equal((await r.json()).code, 'not_found');
+    r = await call(ok, '{"process": 7}');
+    assert.equal(r.status, 200);  // (List takes no fields: unknown ones are ignored)
+    r = await fetch(`${node.url}/files?path=/tmp/../etc/passwd`, { headers: ok });
+    assert.equal(r.status, 400);
+    assert.equal((await sbx.commands.run('echo alive')).stdout, 'alive\n');
+  });
+});
