@@ -122,6 +122,7 @@ void Agent::HandleRequest(int fd) {
     case Frame::kPutTree: s = PutTree(conn.get(), *req); break;
     case Frame::kGetTree: s = GetTree(conn.get(), *req); break;
     case Frame::kFs: s = Fs(conn.get(), *req); break;
+    case Frame::kExecInput: s = ExecInput(conn.get(), *req); break;
     case Frame::kShutdown: {
       {
         std::lock_guard lock(mu_);

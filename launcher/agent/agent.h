@@ -88,6 +88,11 @@ class Agent {
     bool done = false;
     nlohmann::json exit;  // the exit report once done
     nlohmann::json Describe() const;  // under mu
+    // Its stdin, when it was started with "stdin": true and no
+    // "stdin_b64": written by kExecInput until closed (under in_mu, not
+    // mu: a write may wait for the command to read).
+    std::mutex in_mu;
+    UniqueFd in;
   };
 
   void HandleConnection(UniqueFd conn);
@@ -112,6 +117,7 @@ class Agent {
   Status PutTree(int conn, const nlohmann::json& request);
   Status GetTree(int conn, const nlohmann::json& request);
   Status Fs(int conn, const nlohmann::json& request);  // fs_ops.cc
+  Status ExecInput(int conn, const nlohmann::json& request);
   // Waits for child `pid` (registered before it could exit) to be reaped.
   int WaitChild(pid_t pid);
   // The seccomp program each function call loads (read once); null when

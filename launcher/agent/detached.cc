@@ -62,7 +62,9 @@ Status Agent::StartDetached(int conn, const json& req) {
   if (req.contains("stdin_b64") && req["stdin_b64"].is_string()) {
     input = Base64Decode(req["stdin_b64"].get<std::string>());
   }
-  auto started = input || !req.contains("stdin_b64") ? Start(req, input.has_value())
+  // "stdin": true without "stdin_b64": its stdin stays open for kExecInput.
+  const bool keep_stdin = !req.contains("stdin_b64") && req.value("stdin", false);
+  auto started = input || !req.contains("stdin_b64") ? Start(req, input.has_value() || keep_stdin)
                                                      : Result<Started>(Error(EINVAL, "exec: stdin_b64 is not base64"));
   if (!started.ok()) {
     std::lock_guard lock(detached_mu_);
@@ -76,6 +78,10 @@ Status Agent::StartDetached(int conn, const json& req) {
   // The pump runs on its own thread; stdin, if any, is written by another
   // so a command that fills its output first never stalls on it.
   auto command = std::make_shared<Started>(std::move(*started));
+  if (keep_stdin) {
+    std::lock_guard lock(d->in_mu);
+    d->in = std::move(command->in_w);
+  }
   if (input) {
     int in = command->in_w.release();
     Spawn([in, data = std::move(*input)] {
@@ -90,10 +96,14 @@ Status Agent::StartDetached(int conn, const json& req) {
       d->cv.notify_all();
       return true;
     });
-    std::lock_guard lock(d->mu);
-    d->done = true;
-    d->exit = result;
-    d->cv.notify_all();
+    {
+      std::lock_guard lock(d->mu);
+      d->done = true;
+      d->exit = result;
+      d->cv.notify_all();
+    }
+    std::lock_guard lock(d->in_mu);
+    d->in.reset();
   });
   return WriteFrame(conn, Frame::kOk, json{{"exec_id", d->id}}.dump());
 }
@@ -161,6 +171,23 @@ Status Agent::ListExecs(int conn) {
     list.push_back(d->Describe());
   }
   return WriteFrame(conn, Frame::kOk, json{{"execs", list}}.dump());
+}
+
+Status Agent::ExecInput(int conn, const json& req) {
+  auto d = FindDetached(req.value("exec_id", ""));
+  if (!d) return SendError(conn, Error(ENOENT, "exec " + Quote(req.value("exec_id", "")) + ": no such detached command"));
+  std::optional<std::string> data;
+  if (req.contains("data_b64")) {
+    data = req["data_b64"].is_string() ? Base64Decode(req["data_b64"].get<std::string>()) : std::nullopt;
+    if (!data) return SendError(conn, Error(EINVAL, "exec input: data_b64 is not base64"));
+  }
+  std::lock_guard lock(d->in_mu);
+  if (!d->in) return SendError(conn, Error(EPIPE, "exec " + d->id + ": its stdin is closed (or was never kept open)"));
+  if (data && !data->empty()) {
+    if (Status s = WriteFull(d->in.get(), *data); !s.ok()) return SendError(conn, s.Annotate("exec " + d->id + ": stdin"));
+  }
+  if (req.value("close", false)) d->in.reset();
+  return WriteFrame(conn, Frame::kOk, "{}");
 }
 
 Status Agent::SignalExec(int conn, const json& req) {

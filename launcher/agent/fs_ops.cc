@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <map>
 #include <string>
@@ -24,8 +25,9 @@ using agent::SendError;
 
 namespace {
 
-// The most entries one list answers, and the deepest it goes.
-constexpr size_t kMaxListEntries = 100000;
+// The most one list answers (its answer is one frame, at most kMaxFrame),
+// and the deepest it goes.
+constexpr size_t kMaxListBytes = kMaxFrame - (16 << 10);
 constexpr uint32_t kMaxListDepth = 64;
 
 // uid/gid -> name, from the sandbox's own /etc/passwd or /etc/group.
@@ -73,7 +75,7 @@ struct Describer {
     return e;
   }
 
-  Status List(const std::string& dir, uint32_t depth, json* out) const {
+  Status List(const std::string& dir, uint32_t depth, json* out, size_t* bytes) const {
     DIR* d = ::opendir(dir.c_str());
     if (!d) return ErrnoError(errno, "list " + dir);
     std::vector<std::string> names;
@@ -84,13 +86,17 @@ struct Describer {
     ::closedir(d);
     std::sort(names.begin(), names.end());
     for (const auto& name : names) {
-      if (out->size() >= kMaxListEntries) return Error(E2BIG, StrCat("list ", dir, ": more than ", kMaxListEntries, " entries"));
       const std::string path = dir == "/" ? "/" + name : dir + "/" + name;
       auto entry = Entry(path);
       if (!entry.ok()) continue;  // (gone meanwhile)
+      *bytes += entry->dump().size() + 1;
+      if (*bytes > kMaxListBytes) {
+        return Error(E2BIG, StrCat("list: more than one answer holds (", out->size(), " entries so far, at ", path,
+                                   "); list a directory further down, or with less depth"));
+      }
       const bool is_dir = (*entry)["type"] == "dir";
       out->push_back(std::move(*entry));
-      if (is_dir && depth > 1) STRATA_RETURN_IF_ERROR(List(path, depth - 1, out));
+      if (is_dir && depth > 1) STRATA_RETURN_IF_ERROR(List(path, depth - 1, out, bytes));
     }
     return OkStatus();
   }
@@ -143,7 +149,8 @@ Status Agent::Fs(int conn, const json& req) {
     if (!top.ok()) return answer(top.status());
     if ((*top)["type"] != "dir") return answer(Error(ENOTDIR, "list " + path + ": not a directory"));
     json entries = json::array();
-    Status s = describe.List(path, depth, &entries);
+    size_t bytes = 0;
+    Status s = describe.List(path, depth, &entries, &bytes);
     return answer(s.ok() ? Result<json>(json{{"entries", entries}}) : Result<json>(s));
   }
   if (op == "mkdir") {

@@ -133,8 +133,8 @@ int Serve(const ServeOptions& options, const ClusterOptions& cluster, const Node
                               !options.tokens_file.empty() || !options.legacy_token_file.empty());
   std::fprintf(stderr, "launcher: signal %d: stopping (sandboxes keep running; a restart re-adopts them)\n", sig);
   registration.reset();  // (the node leaves the cluster before it stops answering)
+  server->reset();  // (its listeners stop, and their calls into the plane end, before the plane goes)
   e2b->reset();
-  server->reset();
   return 0;
 }
 

@@ -205,8 +205,7 @@ Result<std::unique_ptr<Plane>> Plane::Open(LauncherServer& server, const std::st
   } else {
     STRATA_ASSIGN_OR_RETURN(std::string bytes, RandomBytes(32));
     p->secret_ = HexEncode(std::span(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()));
-    STRATA_RETURN_IF_ERROR(WriteFileAtomic(secret_file, p->secret_, /*durable=*/true).Annotate("write the E2B secret"));
-    ::chmod(secret_file.c_str(), 0600);
+    STRATA_RETURN_IF_ERROR(WriteFileAtomic(secret_file, p->secret_, /*durable=*/true, 0600).Annotate("write the E2B secret"));
   }
   Plane* self = p.get();
   server.SetPlane(std::make_shared<LauncherServer::Plane>(LauncherServer::Plane{
@@ -216,7 +215,7 @@ Result<std::unique_ptr<Plane>> Plane::Open(LauncherServer& server, const std::st
   return p;
 }
 
-Plane::~Plane() { server_.SetPlane(nullptr); }
+Plane::~Plane() = default;
 
 bool Plane::Claims(const Request& r) {
   if (r.headers.count("e2b-sandbox-id")) return true;
@@ -337,7 +336,9 @@ Response Plane::Control(const Request& req, const Caller& caller) {
   if ((req.path == "/sandboxes" || req.path == "/v2/sandboxes") && req.method == "GET") return List(req, caller, req.path == "/v2/sandboxes");
   if (req.path == "/snapshots") return RestError(501, "snapshots: not served yet by strata's E2B plane (use /v1 snapshot)");
   // /sandboxes/ID[/verb] and /v2/sandboxes/ID/connect
-  std::string rest = req.path.starts_with("/v2/") ? req.path.substr(14) : req.path.substr(11);
+  const size_t skip = req.path.starts_with("/v2/") ? 14 : 11;
+  if (req.path.size() <= skip) return RestError(404, "no API " + req.method + " " + req.path);
+  std::string rest = req.path.substr(skip);
   const std::string id = rest.substr(0, rest.find('/'));
   const std::string verb = rest.size() > id.size() ? rest.substr(id.size() + 1) : "";
   if (id.empty()) return RestError(404, "no API " + req.method + " " + req.path);
@@ -432,6 +433,11 @@ Response Plane::Create(const json& body, const Caller& caller) {
   // network's allowOut) opens those names only; allow_internet_access
   // true with no list opens it.
   const json network = body.value("network", json::object());
+  for (const char* field : {"denyOut", "rules", "egressProxy", "allowPublicTraffic", "maskRequestHost"}) {
+    if (network.is_object() && network.contains(field) && !network[field].is_null()) {
+      return RestError(400, StrCat("create: network.", field, " is not served by strata (an allowOut list is)"));
+    }
+  }
   if (network.is_object() && network.contains("allowOut") && network["allowOut"].is_array() && !network["allowOut"].empty()) {
     create["network"] = {{"mode", "allow"}, {"allow", network["allowOut"]}};
   } else if (body.value("allow_internet_access", false) == true) {
@@ -448,17 +454,31 @@ Response Plane::Create(const json& body, const Caller& caller) {
 }
 
 Response Plane::Connect(const std::string& id, const json& body, const Caller& caller) {
+  int64_t timeout = 0;
+  if (body.contains("timeout") && !body["timeout"].is_null()) {
+    if (!body["timeout"].is_number_integer() || body["timeout"].get<int64_t>() < 1 ||
+        body["timeout"].get<int64_t>() > 10 * 365 * 24 * 3600) {
+      return RestError(400, "connect: timeout must be a whole number of seconds, at least 1");
+    }
+    timeout = body["timeout"].get<int64_t>();
+  }
   const std::string v1 = "/v1/sandboxes/" + id;
   auto info = V1("GET", v1, nullptr, caller);
   if (!info.ok()) return RestError(404, "sandbox " + id + " not found");
   int status = 200;
+  const double left = info->contains("deadline") ? (*info)["deadline"].get<double>() - NowSeconds() : 0;
   if (info->value("state", "") == "paused") {
     auto r = V1("POST", v1 + "/resume", json::object(), caller);
     if (!r.ok()) return RestError(r.status());
     status = 201;
+    // A resumed sandbox runs for its timeout again (the default if none is given).
+    if (timeout == 0) timeout = kDefaultTimeoutSeconds;
+    if (left > static_cast<double>(timeout)) timeout = 0;
+  } else if (left >= static_cast<double>(timeout)) {
+    timeout = 0;  // (a connect only lengthens a running sandbox's time)
   }
-  if (body.contains("timeout") && body["timeout"].is_number_integer() && body["timeout"].get<int64_t>() > 0) {
-    auto r = V1("POST", v1 + "/lifetime", {{"seconds", body["timeout"]}}, caller);
+  if (timeout > 0) {
+    auto r = V1("POST", v1 + "/lifetime", {{"seconds", timeout}}, caller);
     if (!r.ok()) return RestError(r.status());
   }
   return RestJson(Describe(*info, false), status);
@@ -577,30 +597,47 @@ Result<std::string> Plane::EnvdSandbox(const Request& r) const {
   std::string id = Header(r, "e2b-sandbox-id");
   if (id.empty()) id = SandboxOfHost(Header(r, "host"));
   if (id.empty()) return Error(ENOENT, "envd: no E2b-Sandbox-Id header and no sandbox in the Host");
-  if (!IsSandboxId(id) || !server_.manager().Exists(id)) return Error(ENOENT, "sandbox " + Quote(id) + " not found");
   const std::string token = Header(r, "x-access-token");
-  if (token.empty()) return Error(EACCES, "sandbox " + id + ": envd calls need its access token (X-Access-Token)");
-  if (!ConstantTimeEqual(token, AccessToken(id))) return Error(EACCES, "sandbox " + id + ": wrong access token");
+  if (token.empty()) return Error(EACCES, "sandbox " + Quote(id) + ": envd calls need its access token (X-Access-Token)");
+  // A wrong token is answered as a missing sandbox: whether another
+  // tenant's exists is not the caller's to learn.
+  if (!IsSandboxId(id) || !ConstantTimeEqual(token, AccessToken(id)) || !server_.manager().Exists(id)) {
+    return Error(ENOENT, "sandbox " + Quote(id) + " not found");
+  }
   return id;
 }
 
 Response Plane::Envd(const Request& request) {
-  auto id = EnvdSandbox(request);
   const bool rpc = request.path.starts_with("/process.") || request.path.starts_with("/filesystem.");
+  std::string type = Header(request, "content-type");
+  for (char& c : type) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  // A Connect call's error: a streaming one's is its stream's end.
+  auto rpc_error = [&](Code code, const std::string& message) {
+    if (!type.starts_with("application/connect+")) return ErrorReply(code, message);
+    Response r;
+    r.content_type = type.starts_with("application/connect+proto") ? "application/connect+proto" : "application/connect+json";
+    r.body = StreamEnd(code, message);
+    return r;
+  };
+  auto id = EnvdSandbox(request);
   if (!id.ok()) {
     const int status = id.status().code() == EACCES ? 401 : 502;  // (E2B's proxy: 502 for a sandbox that is not there)
-    if (rpc) return ErrorReply(status == 401 ? Code::kUnauthenticated : Code::kNotFound, id.status().message());
+    if (rpc) return rpc_error(status == 401 ? Code::kUnauthenticated : Code::kNotFound, id.status().message());
     return RestError(status, id.status().message());
   }
   try {
+    if (request.path == "/health" && request.method == "GET") return NoContent();
+    // A paused sandbox's agent is frozen: refused at once, never waited on.
+    if (Status s = server_.manager().CheckExec(*id); !s.ok()) {
+      return rpc ? rpc_error(Code::kFailedPrecondition, s.message()) : RestError(409, s.message());
+    }
     if (rpc) return Rpc(request, *id);
     server_.manager().Touch(*id);
-    if (request.path == "/health" && request.method == "GET") return NoContent();
     if (request.path == "/envs" && request.method == "GET") return RestJson(json::object());
     if (request.path == "/files" && request.method == "GET") return GetFile(request, *id);
     return RestError(404, "envd: no API " + request.method + " " + request.path);
   } catch (const std::exception& e) {
-    return rpc ? ErrorReply(Code::kInternal, e.what()) : RestError(500, e.what());
+    return rpc ? rpc_error(Code::kInternal, e.what()) : RestError(500, e.what());
   }
 }
 
@@ -801,13 +838,14 @@ Response Plane::Rpc(const Request& request, const std::string& id) {
       process::StartRequest in;
       if (Status s = Decode(*call, 0, &in); !s.ok()) return stream_error(s);
       if (in.has_pty()) return stream_error(Error(ENOSYS, "process: a pty is not served yet by strata's envd"));
-      if (in.has_stdin() && in.stdin()) return stream_error(Error(ENOSYS, "process: stdin to a started process is not served yet by strata's envd"));
       if (in.process().cmd().empty()) return stream_error(Error(EINVAL, "process: cmd is empty"));
       ExecRequest exec;
       exec.argv.push_back(in.process().cmd());
       for (const auto& a : in.process().args()) exec.argv.push_back(a);
       for (const auto& [k, v] : in.process().envs()) exec.env.push_back(k + "=" + v);
       if (in.process().has_cwd()) exec.cwd = in.process().cwd();
+      exec.open_stdin = in.has_stdin() && in.stdin();
+      exec.merge_env = true;  // (envs go over the sandbox's envVars)
       exec.stdout_cap = exec.stderr_cap = uint64_t{16} << 20;
       std::string want = in.has_tag() ? "e2b-tag-" + in.tag() : "e2b-" + NewSandboxId().substr(3);
       auto started = manager.StartDetached(id, std::move(exec), want);
@@ -856,6 +894,59 @@ Response Plane::Rpc(const Request& request, const std::string& id) {
       }
       write(StreamEnd());
     };
+    return r;
+  }
+  if (name == "process.Process/SendInput" || name == "process.Process/CloseStdin" || name == "process.Process/StreamInput") {
+    // (All three end in the agent's ExecInput: bytes for the command's stdin, or its end.)
+    auto fail = [&](const Status& s) { return call->streaming ? stream_error(s) : ErrorReply(s); };
+    if (call->streaming != (call->method == "StreamInput")) {
+      return fail(Error(EINVAL, name + (call->streaming ? " is not a streaming call" : " is a streaming call (application/connect+json)")));
+    }
+    process::ProcessSelector selector;
+    std::vector<std::string> pieces;
+    bool close = false;
+    if (call->method == "SendInput") {
+      process::SendInputRequest in;
+      if (Status s = Decode(*call, 0, &in); !s.ok()) return fail(s);
+      if (in.input().has_pty()) return fail(Error(ENOSYS, "process: a pty is not served yet by strata's envd"));
+      selector = in.process();
+      pieces.push_back(in.input().stdin());
+    } else if (call->method == "CloseStdin") {
+      process::CloseStdinRequest in;
+      if (Status s = Decode(*call, 0, &in); !s.ok()) return fail(s);
+      selector = in.process();
+      close = true;
+    } else {
+      bool started = false;
+      for (size_t i = 0; i < call->messages.size(); ++i) {
+        process::StreamInputRequest in;
+        if (Status s = Decode(*call, i, &in); !s.ok()) return fail(s);
+        if (in.has_start()) {
+          selector = in.start().process();
+          started = true;
+        } else if (in.has_data()) {
+          if (in.data().input().has_pty()) return fail(Error(ENOSYS, "process: a pty is not served yet by strata's envd"));
+          pieces.push_back(in.data().input().stdin());
+        }
+      }
+      if (!started) return fail(Error(EINVAL, "process: StreamInput must start with a start event naming the process"));
+    }
+    auto e = ExecOf(manager, id, selector);
+    if (!e.ok()) return fail(e.status());
+    auto agent = manager.AgentOf(id, "send input");
+    if (!agent.ok()) return fail(agent.status());
+    const std::string eid = e->value("id", "");
+    for (const auto& piece : pieces) {
+      if (Status s = agent->ExecInput(eid, piece, false); !s.ok()) return fail(s);
+    }
+    if (close) {
+      if (Status s = agent->ExecInput(eid, "", true); !s.ok()) return fail(s);
+    }
+    if (call->method == "SendInput") return UnaryReply(*call, process::SendInputResponse());
+    if (call->method == "CloseStdin") return UnaryReply(*call, process::CloseStdinResponse());
+    Response r;  // (client streaming: its one answer in a stream)
+    r.content_type = StreamContentType(*call);
+    r.body = StreamMessage(*call, process::StreamInputResponse()) + StreamEnd();
     return r;
   }
   if (call->streaming) return stream_error(Error(ENOSYS, "envd: " + name + " is not a streaming call strata serves"));

@@ -41,6 +41,7 @@ class Plane {
  public:
   // Reads the templates and the access-token secret from `state_dir`
   // (making the secret on first use), and serves on `server`'s listeners.
+  // The plane must outlive the server (its listeners call into it).
   static Result<std::unique_ptr<Plane>> Open(LauncherServer& server, const std::string& state_dir);
   ~Plane();
 

@@ -165,6 +165,7 @@ void SandboxManager::Touch(const std::string& id) {
 
 Status SandboxManager::SetDeadline(const std::string& id, int64_t deadline_ms) {
   STRATA_ASSIGN_OR_RETURN(auto entry, Find(id));
+  std::lock_guard lock(entry->mu);  // (the record and the entry agree)
   STRATA_RETURN_IF_ERROR(registry_->Update(id, {{"deadline_ms", deadline_ms}}).Annotate("record the deadline of " + id));
   entry->deadline_ms = deadline_ms;  // (the reaper sees it within its period)
   return OkStatus();

@@ -144,10 +144,11 @@ SandboxManager::~SandboxManager() {
 int64_t SandboxManager::Entry::ExpiresInMs() const { return ttl > 0 ? last_call_ms.load() + ttl * 1000 - NowMs() : 0; }
 
 bool SandboxManager::Entry::Expired() const {
-  if (busy.load() > 0) return false;
-  if (ttl > 0 && ExpiresInMs() <= 0) return true;
+  // A deadline holds whatever calls are under way; not while paused (as
+  // E2B keeps a paused sandbox: a resume sets the next one).
   const int64_t deadline = deadline_ms.load();
-  return deadline > 0 && deadline <= WallMs();
+  if (deadline > 0 && deadline <= WallMs() && !(sandbox && sandbox->paused())) return true;
+  return busy.load() == 0 && ttl > 0 && ExpiresInMs() <= 0;
 }
 
 void SandboxManager::Entry::Settle(const SandboxSpec& given) {

@@ -22,8 +22,8 @@ namespace strata::launcher {
 // rules ("files", "grader" on kExec; "in_place" on kPut) and the whole-tree
 // kill_leftovers; an older agent ignores them, so the launcher refuses
 // rules for it. 4 added kFreeze (microVMs). 5 added kIdentity (microVMs:
-// a guest restored from a saved state learns who it is). 6 added kFs and
-// "pid" in a detached command's description.
+// a guest restored from a saved state learns who it is). 6 added kFs,
+// kExecInput and "pid" in a detached command's description.
 inline constexpr int kAgentProtocolVersion = 6;
 
 enum class Frame : uint8_t {
@@ -65,6 +65,8 @@ enum class Frame : uint8_t {
   kIdentity = 21,  // {"hostname", "time_ns", "entropy" (hex), "net"?: {"address", "gateway"}}
                    // -> kOk {}: a microVM's agent takes the sandbox's name, the
                    // node's clock, fresh entropy and (once) its network
+  kExecInput = 23,  // {"exec_id", "data_b64"?, "close"?: bool} -> kOk {}: bytes for a detached
+                    // command's stdin (started with "stdin": true and no "stdin_b64"), then maybe EOF
   kFs = 22,        // {"op": "stat"|"list"|"mkdir"|"move"|"remove", "path": "/abs", "depth": N (list),
                    //  "to": "/abs" (move)} -> kOk {"entry": E} (stat, mkdir, move), {"entries": [E...]}
                    // (list, below path, depth levels), {} (remove: recursive); or kError. E:

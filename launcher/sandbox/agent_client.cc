@@ -307,7 +307,7 @@ Result<std::string> AgentClient::StartDetached(const ExecRequest& request, const
   STRATA_ASSIGN_OR_RETURN(int raw, Connect(kControlReplyTimeout));
   UniqueFd fd(raw);
   json req = ExecRequestJson(request);
-  req["stdin"] = false;
+  req["stdin"] = request.open_stdin && !request.stdin_data;
   req["detach"] = true;
   if (!exec_id.empty()) req["exec_id"] = exec_id;
   if (request.stdin_data) req["stdin_b64"] = Base64Encode(*request.stdin_data);
@@ -384,6 +384,14 @@ Result<json> AgentClient::Fs(const json& request) {
   STRATA_ASSIGN_OR_RETURN(int raw, Connect(kControlReplyTimeout));
   UniqueFd fd(raw);
   return ControlCall(fd.get(), Frame::kFs, request);
+}
+
+Status AgentClient::ExecInput(const std::string& exec_id, std::string_view data, bool close) {
+  STRATA_ASSIGN_OR_RETURN(int raw, Connect(kControlReplyTimeout));
+  UniqueFd fd(raw);
+  json req = {{"exec_id", exec_id}, {"close", close}};
+  if (!data.empty()) req["data_b64"] = Base64Encode(data);
+  return ControlCall(fd.get(), Frame::kExecInput, req).status();
 }
 
 Status AgentClient::SignalExec(const std::string& exec_id, int signal) {

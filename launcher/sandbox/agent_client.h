@@ -27,6 +27,12 @@ struct ExecRequest {
   uint64_t stdout_cap = uint64_t{1} << 20;
   uint64_t stderr_cap = uint64_t{1} << 20;
   std::optional<std::string> stdin_data;
+  // A detached command without stdin_data: its stdin stays open for
+  // AgentClient::ExecInput until closed.
+  bool open_stdin = false;
+  // `env` goes over the sandbox's env (a name in both takes env's value)
+  // instead of replacing it.
+  bool merge_env = false;
   // A function call: fresh pid, mount, ipc, uts (and, unless the sandbox
   // has the host's, network) namespaces, a private /tmp, no privileges.
   bool isolate = false;
@@ -168,6 +174,8 @@ class AgentClient {
   Result<nlohmann::json> ListExecs();
   // A filesystem call (protocol version 6): {"op", "path", ...} (protocol.h, kFs).
   Result<nlohmann::json> Fs(const nlohmann::json& request);
+  // Bytes for a detached command's open stdin (protocol version 6), then EOF with `close`.
+  Status ExecInput(const std::string& exec_id, std::string_view data, bool close);
   Status SignalExec(const std::string& exec_id, int signal);
   // Asks the agent to kill everything and exit; the sandbox's init is gone after.
   Status Shutdown();

@@ -270,7 +270,18 @@ void Sandbox::FillDefaults(ExecRequest& request) const {
   // A call of a pool with a network of its own keeps it (the policy is
   // the pool's); otherwise each call gets loopback only.
   request.isolate_network = spec_.network.mode == NetMode::kNone;
-  if (request.env.empty()) request.env = spec_.env;
+  if (request.env.empty()) {
+    request.env = spec_.env;
+  } else if (request.merge_env) {
+    std::set<std::string> given;
+    for (const auto& kv : request.env) given.insert(kv.substr(0, kv.find('=')));
+    std::vector<std::string> env;
+    for (const auto& kv : spec_.env) {
+      if (!given.count(kv.substr(0, kv.find('=')))) env.push_back(kv);
+    }
+    env.insert(env.end(), request.env.begin(), request.env.end());
+    request.env = std::move(env);
+  }
   if (request.cwd.empty()) request.cwd = spec_.workdir.empty() ? "/" : spec_.workdir;
   if (!request.grader) request.files = MergeFileRules(spec_.files, request.files);
   if (!request.kill_leftovers) request.kill_leftovers = spec_.kill_leftovers;

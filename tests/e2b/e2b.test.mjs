@@ -82,6 +82,17 @@ describe('the control plane', () => {
     }
   });
 
+  test('a sandbox ends at its timeout, even with a command attached', async () => {
+    const sbx = await fresh();
+    const h = await sbx.commands.run('sleep 60', { background: true, timeoutMs: 0 });
+    await sbx.setTimeout(1_000);
+    const until = Date.now() + 15_000;
+    while (node.sandboxes().some((s) => s.id === sbx.sandboxId) && Date.now() < until) await new Promise((r) => setTimeout(r, 200));
+    assert.ok(!node.sandboxes().some((s) => s.id === sbx.sandboxId), 'the sandbox outlived its timeout');
+    await assert.rejects(h.wait());
+    assert.equal(await sbx.isRunning(), false);
+  });
+
   test("E2B's template build API says where templates come from", async () => {
     const r = await fetch(node.url + '/v3/templates', { method: 'POST', headers: { 'X-API-KEY': node.tenant, 'content-type': 'application/json' }, body: '{}' });
     assert.equal(r.status, 400);
@@ -91,13 +102,13 @@ describe('the control plane', () => {
 
 describe('commands', () => {
   let sbx;
-  before(async () => { sbx = await fresh(); });
+  before(async () => { sbx = await fresh({ envs: { TASK: 't-9', GREETING: 'not this' } }); });
   after(async () => { await sbx.kill(); });
 
   test('run in the foreground: output, exit code, env and cwd', async () => {
-    const r = await sbx.commands.run('echo "$GREETING" && pwd && echo oops >&2', { envs: { GREETING: 'hello' }, cwd: '/tmp' });
+    const r = await sbx.commands.run('echo "$GREETING $TASK" && pwd && echo oops >&2', { envs: { GREETING: 'hello' }, cwd: '/tmp' });
     assert.equal(r.exitCode, 0);
-    assert.equal(r.stdout, 'hello\n/tmp\n');
+    assert.equal(r.stdout, 'hello t-9\n/tmp\n');
     assert.equal(r.stderr, 'oops\n');
   });
 
@@ -126,6 +137,19 @@ describe('commands', () => {
     assert.equal(await sbx.commands.kill(h.pid), true);
     await assert.rejects(h.wait(), e2b.CommandExitError);
     assert.equal(await sbx.commands.kill(h.pid), false);
+  });
+
+  test('stdin: sent in pieces, then closed', async () => {
+    const h = await sbx.commands.run('cat; echo done', { background: true, stdin: true });
+    await sbx.commands.sendStdin(h.pid, 'hello ');
+    await sbx.commands.sendStdin(h.pid, 'world\n');
+    await sbx.commands.closeStdin(h.pid);
+    const r = await h.wait();
+    assert.equal(r.stdout, 'hello world\ndone\n');
+    // A command started without stdin has none to write to.
+    const quiet = await sbx.commands.run('sleep 5', { background: true });
+    await assert.rejects(sbx.commands.sendStdin(quiet.pid, 'x'), /stdin/);
+    await sbx.commands.kill(quiet.pid);
   });
 
   test('connect to a running command sees its output to come', async () => {
@@ -199,10 +223,17 @@ describe('the data plane refuses what it must', () => {
 
   test('no token, a wrong token, an unknown sandbox', async () => {
     assert.equal((await call({ 'E2b-Sandbox-Id': sbx.sandboxId })).status, 401);
-    assert.equal((await call({ 'E2b-Sandbox-Id': sbx.sandboxId, 'X-Access-Token': 'x'.repeat(64) })).status, 401);
-    const r = await call({ 'E2b-Sandbox-Id': 'sb-0000', 'X-Access-Token': 'x' });
-    assert.equal(r.status, 404);
-    assert.equal((await r.json()).code, 'not_found');
+    // A wrong token is answered as a sandbox that is not there.
+    for (const id of [sbx.sandboxId, 'sb-0000']) {
+      const r = await call({ 'E2b-Sandbox-Id': id, 'X-Access-Token': 'x'.repeat(64) });
+      assert.equal(r.status, 404);
+      assert.equal((await r.json()).code, 'not_found');
+    }
+    // A streaming call gets it as its stream's end.
+    const r = await call({ 'E2b-Sandbox-Id': 'sb-0000', 'X-Access-Token': 'x' }, Buffer.from([0, 0, 0, 0, 2, 123, 125]),
+      '/process.Process/Start', 'application/connect+json');
+    assert.equal(r.status, 200);
+    assert.match(Buffer.from(await r.arrayBuffer()).toString(), /not_found/);
   });
 
   test('malformed envelopes, unknown methods, paths with ..', async () => {
