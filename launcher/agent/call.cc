@@ -2,6 +2,7 @@
 // function call's own namespaces, file rules, seccomp, privileges), its
 // output pumped to the caller, its leftovers killed.
 #include <fcntl.h>
+#include <grp.h>
 #include <malloc.h>
 #include <linux/capability.h>
 #include <linux/filter.h>
@@ -77,7 +78,7 @@ struct CallSpec {
 
 // What failed before a command could run, reported on the error pipe so
 // the launcher's message names the step, not just an errno.
-enum class StartStep : int { kExec, kChdir, kNamespaces, kMounts, kLoopback, kPrivileges, kFork, kRules, kLandlock, kCgroup,
+enum class StartStep : int { kExec, kChdir, kNamespaces, kMounts, kLoopback, kPrivileges, kFork, kRules, kLandlock, kCgroup, kUser,
                              kStarted /* not a failure: a shepherd's command runs, `err` is its pid */ };
 struct StartFailure {
   StartStep step;
@@ -97,6 +98,7 @@ const char* StepName(StartStep step) {
     case StartStep::kRules: return "file rules";
     case StartStep::kLandlock: return "file rules: enter a Landlock domain";
     case StartStep::kCgroup: return "join the commands' cgroup";
+    case StartStep::kUser: return "become the user";
     case StartStep::kStarted: return "started";
   }
   return "start";
@@ -544,6 +546,29 @@ Result<Agent::Started> Agent::Start(const json& req, bool want_stdin) {
       if (::access(dir, F_OK) != 0) return Error(ENOENT, std::string("call: the image has no ") + dir + " to mount the call's own on");
     }
   }
+  // "user": a name of the sandbox's /etc/passwd the command runs as
+  // (with its HOME, USER and LOGNAME unless env has them); else the
+  // agent's root, as also for a "user_optional" name the image lacks. A
+  // cwd "~" is the home of whoever it runs as.
+  std::optional<std::pair<uid_t, gid_t>> as;
+  std::string home = "/root";
+  if (const std::string user = req.value("user", ""); !user.empty()) {
+    if (isolate) return Error(ENOTSUP, "exec: user: a function call runs as its pool's root");
+    auto found = agent::LookupUser(user);
+    if (found.ok()) {
+      as = {found->uid, found->gid};
+      home = found->home;
+    } else if (!req.value("user_optional", false)) {
+      return found.status().Annotate("exec");
+    }
+    const std::string name = as ? user : "root";
+    for (const auto& [key, value] : {std::pair<std::string, std::string>{"HOME", home}, {"USER", name}, {"LOGNAME", name}}) {
+      bool given = false;
+      for (const auto& e : env) given |= e.starts_with(key + "=");
+      if (!given) env.push_back(key + "=" + value);
+    }
+  }
+  if (cwd == "~") cwd = ::access(home.c_str(), X_OK) == 0 ? home : "/";
   bool has_path = false;
   for (const auto& e : env) has_path |= e.starts_with("PATH=");
   if (!has_path) env.push_back(std::string("PATH=") + kDefaultPath);
@@ -612,6 +637,12 @@ Result<Agent::Started> Agent::Start(const json& req, bool want_stdin) {
       }
       if (!rule_mounts.empty() && !shepherd) {
         if (int e = EnterLandlockDomain()) FailStart(err_pipe_w.get(), StartStep::kLandlock, e);
+      }
+      if (as) {
+        const gid_t gid = as->second;
+        if (::setgroups(1, &gid) != 0 || ::setgid(gid) != 0 || ::setuid(as->first) != 0) {
+          FailStart(err_pipe_w.get(), StartStep::kUser, errno);
+        }
       }
       if (::chdir(cwd.c_str()) != 0) FailStart(err_pipe_w.get(), StartStep::kChdir, errno);
       if (shepherd) Shepherd(cargv.data(), cenv.data(), err_pipe_w.get(), cgroups, !rule_mounts.empty());

@@ -105,7 +105,7 @@ Status Agent::StartDetached(int conn, const json& req) {
     std::lock_guard lock(d->in_mu);
     d->in.reset();
   });
-  return WriteFrame(conn, Frame::kOk, json{{"exec_id", d->id}}.dump());
+  return WriteFrame(conn, Frame::kOk, json{{"exec_id", d->id}, {"pid", command->group}}.dump());
 }
 
 std::shared_ptr<Agent::Detached> Agent::FindDetached(const std::string& id) {

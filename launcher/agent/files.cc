@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -26,7 +27,7 @@ Status Agent::Put(int conn, const json& req) {
   // Into a temporary file beside the target, renamed over it only once
   // every byte is in: a transfer cut short leaves the target as it was.
   const std::string tmp = StrCat(Dirname(path), "/.strata-put-", ::getpid(), "-", ::syscall(SYS_gettid));
-  Status s = MakeDirs(Dirname(path));
+  Status s = agent::MakeDirsAs(Dirname(path), req.contains("uid") ? "" : req.value("user", ""));
   UniqueFd fd;
   // A file that is itself a file rule's path is written in place: renaming
   // over it would unlink the mount point that hides it (or keeps it
@@ -59,7 +60,13 @@ Status Agent::Put(int conn, const json& req) {
     }
     if (s.ok()) s = WriteFull(fd.get(), payload).Annotate("put: write " + path);
   }
-  if (s.ok() && req.contains("uid") && ::fchown(fd.get(), req.value("uid", 0u), req.value("gid", 0u)) != 0) {
+  // "user": a name of the sandbox's /etc/passwd the file is given to (a name it lacks: root's).
+  std::optional<std::pair<uint32_t, uint32_t>> owner;
+  if (req.contains("uid")) owner = {req.value("uid", 0u), req.value("gid", 0u)};
+  if (const std::string user = req.value("user", ""); !owner && !user.empty()) {
+    if (auto u = agent::LookupUser(user); u.ok()) owner = {u->uid, u->gid};
+  }
+  if (s.ok() && owner && ::fchown(fd.get(), owner->first, owner->second) != 0) {
     s = ErrnoError(errno, "put: chown " + path);
   }
   if (s.ok() && ::fchmod(fd.get(), req.value("mode", 0644) & 07777) != 0) s = ErrnoError(errno, "put: chmod " + path);

@@ -130,6 +130,39 @@ bool Absolute(const std::string& path) {
 
 }  // namespace
 
+namespace agent {
+
+Result<User> LookupUser(const std::string& name) {
+  auto passwd = ReadFileToString("/etc/passwd");
+  if (passwd.ok()) {
+    for (const auto& line : Split(*passwd, '\n')) {
+      auto f = Split(line, ':');
+      if (f.size() >= 6 && f[0] == name) {
+        return User{static_cast<uint32_t>(std::strtoul(f[2].c_str(), nullptr, 10)),
+                    static_cast<uint32_t>(std::strtoul(f[3].c_str(), nullptr, 10)), f[5]};
+      }
+    }
+  }
+  return Error(ENOENT, "user " + Quote(name) + " is not in the sandbox's /etc/passwd");
+}
+
+Status MakeDirsAs(const std::string& path, const std::string& user) {
+  // The directories that are missing, from the top down.
+  std::vector<std::string> missing;
+  struct stat st;
+  for (std::string p = path; p.size() > 1 && ::lstat(p.c_str(), &st) != 0; p = Dirname(p)) missing.insert(missing.begin(), p);
+  STRATA_RETURN_IF_ERROR(MakeDirs(path));
+  if (user.empty() || user == "root") return OkStatus();
+  auto u = LookupUser(user);
+  if (!u.ok()) return OkStatus();
+  for (const auto& dir : missing) {
+    if (::lchown(dir.c_str(), u->uid, u->gid) != 0) return ErrnoError(errno, "mkdir " + dir + ": chown to " + user);
+  }
+  return OkStatus();
+}
+
+}  // namespace agent
+
 Status Agent::Fs(int conn, const json& req) {
   const std::string op = req.value("op", "");
   const std::string path = req.value("path", "");
@@ -156,7 +189,8 @@ Status Agent::Fs(int conn, const json& req) {
   if (op == "mkdir") {
     struct stat st;
     if (::lstat(path.c_str(), &st) == 0) return answer(Error(EEXIST, "mkdir " + path + ": exists"));
-    Status s = MakeDirs(path);
+    // Made for a user ("user"): theirs, the parents it made too.
+    Status s = agent::MakeDirsAs(path, req.value("user", ""));
     if (!s.ok()) return answer(s);
     auto e = describe.Entry(path);
     return answer(e.ok() ? Result<json>(json{{"entry", *e}}) : Result<json>(e.status()));
@@ -164,7 +198,7 @@ Status Agent::Fs(int conn, const json& req) {
   if (op == "move") {
     const std::string to = req.value("to", "");
     if (!Absolute(to)) return answer(Error(EINVAL, "move: the destination must be absolute, without \"..\""));
-    Status s = MakeDirs(Dirname(to));
+    Status s = agent::MakeDirsAs(Dirname(to), req.value("user", ""));
     if (s.ok() && ::rename(path.c_str(), to.c_str()) != 0) s = ErrnoError(errno, "move " + path + " to " + to);
     if (!s.ok()) return answer(s);
     auto e = describe.Entry(to);

@@ -704,7 +704,7 @@ class FilesUpload : public HttpServer::Upload {
   Status Open(const std::string& name) {
     auto path = EnvdPath(name, user_);
     if (!path.ok()) return path.status().Annotate("files: write");
-    STRATA_ASSIGN_OR_RETURN(stream_, manager_.BeginPut(id_, *path, 0644));
+    STRATA_ASSIGN_OR_RETURN(stream_, manager_.BeginPut(id_, *path, 0644, user_ == "root" ? "" : user_));
     current_ = *path;
     return OkStatus();
   }
@@ -833,6 +833,7 @@ Response Plane::Rpc(const Request& request, const std::string& id) {
   if (name == "process.Process/Start" || name == "process.Process/Connect") {
     if (!call->streaming) return ErrorReply(Code::kInvalidArgument, name + " is a streaming call (application/connect+json)");
     std::string eid;
+    uint32_t pid = 0;
     uint64_t out_offset = 0, err_offset = 0;
     if (call->method == "Start") {
       process::StartRequest in;
@@ -843,12 +844,16 @@ Response Plane::Rpc(const Request& request, const std::string& id) {
       exec.argv.push_back(in.process().cmd());
       for (const auto& a : in.process().args()) exec.argv.push_back(a);
       for (const auto& [k, v] : in.process().envs()) exec.env.push_back(k + "=" + v);
-      if (in.process().has_cwd()) exec.cwd = in.process().cwd();
+      // As the user asked for, else "user" (or root in an image without
+      // that account), in its home unless a cwd is given.
+      exec.user = EnvdUser(request);
+      exec.user_optional = Header(request, "authorization").empty();
+      exec.cwd = in.process().has_cwd() ? in.process().cwd() : "~";
       exec.open_stdin = in.has_stdin() && in.stdin();
       exec.merge_env = true;  // (envs go over the sandbox's envVars)
       exec.stdout_cap = exec.stderr_cap = uint64_t{16} << 20;
       std::string want = in.has_tag() ? "e2b-tag-" + in.tag() : "e2b-" + NewSandboxId().substr(3);
-      auto started = manager.StartDetached(id, std::move(exec), want);
+      auto started = manager.StartDetached(id, std::move(exec), want, &pid);
       if (!started.ok()) return stream_error(started.status());
       eid = *started;
     } else {
@@ -857,12 +862,11 @@ Response Plane::Rpc(const Request& request, const std::string& id) {
       auto e = ExecOf(manager, id, in.process());
       if (!e.ok()) return stream_error(e.status());
       eid = e->value("id", "");
+      pid = e->value("pid", 0u);
       out_offset = e->value("stdout_bytes", uint64_t{0});
       err_offset = e->value("stderr_bytes", uint64_t{0});
     }
-    auto status = manager.ExecStatus(id, eid, Duration{0});
-    if (!status.ok()) return stream_error(status.status());
-    const uint32_t pid = status->value("pid", 0u);
+    if (pid == 0) return stream_error(Error(ENOTSUP, "process: sandbox " + id + "'s agent is older than protocol 6 (no pids)"));
     auto watch = std::make_shared<UniqueFd>(request.connection_fd >= 0 ? ::fcntl(request.connection_fd, F_DUPFD_CLOEXEC, 0) : -1);
     Response r;
     r.content_type = StreamContentType(*call);
@@ -993,7 +997,7 @@ Response Plane::Rpc(const Request& request, const std::string& id) {
       auto path = path_of(in.path());
       if (!path.ok()) return ErrorReply(path.status());
       const char* op = call->method == "Stat" ? "stat" : call->method == "MakeDir" ? "mkdir" : "remove";
-      auto r = fs({{"op", op}, {"path", *path}});
+      auto r = fs({{"op", op}, {"path", *path}, {"user", user}});
       if (!r.ok()) return ErrorReply(r.status());
       if (call->method == "Remove") return UnaryReply(*call, filesystem::RemoveResponse());
       filesystem::StatResponse out;  // (StatResponse and MakeDirResponse are one shape)
@@ -1017,7 +1021,7 @@ Response Plane::Rpc(const Request& request, const std::string& id) {
     if (!from.ok()) return ErrorReply(from.status());
     auto to = path_of(in.destination());
     if (!to.ok()) return ErrorReply(to.status());
-    auto r = fs({{"op", "move"}, {"path", *from}, {"to", *to}});
+    auto r = fs({{"op", "move"}, {"path", *from}, {"to", *to}, {"user", user}});
     if (!r.ok()) return ErrorReply(r.status());
     filesystem::MoveResponse out;
     EntryOf(r->value("entry", json::object()), out.mutable_entry());

@@ -77,7 +77,8 @@ Status SandboxManager::CheckExec(const std::string& id) {
   return OkStatus();
 }
 
-Result<std::string> SandboxManager::StartDetached(const std::string& id, ExecRequest request, const std::string& exec_id) {
+Result<std::string> SandboxManager::StartDetached(const std::string& id, ExecRequest request, const std::string& exec_id,
+                                                  uint32_t* pid) {
   STRATA_ASSIGN_OR_RETURN(auto entry, Find(id));
   std::shared_ptr<Sandbox> sb;
   {
@@ -89,13 +90,13 @@ Result<std::string> SandboxManager::StartDetached(const std::string& id, ExecReq
   STRATA_RETURN_IF_ERROR(sb->CheckAgentFor(request));
   // A sandbox started by an older strata runs an agent that would take a
   // detached request for a plain one.
-  STRATA_ASSIGN_OR_RETURN(json ping, sb->agent().Ping());
-  if (ping.value("version", 1) < 2) {
-    return Error(ENOTSUP, StrCat("sandbox ", id, ": its agent speaks protocol ", ping.value("version", 1),
+  STRATA_ASSIGN_OR_RETURN(int version, sb->AgentVersion());
+  if (version < 2) {
+    return Error(ENOTSUP, StrCat("sandbox ", id, ": its agent speaks protocol ", version,
                                  "; detached commands need 2 (a sandbox created by this strata)"));
   }
   EntryBusy busy(*entry);
-  return sb->agent().StartDetached(request, exec_id);
+  return sb->agent().StartDetached(request, exec_id, pid);
 }
 
 Result<std::optional<ExecResult>> SandboxManager::Attach(const std::string& id, const std::string& exec_id, uint64_t stdout_offset,
@@ -205,7 +206,7 @@ Result<AgentClient> SandboxManager::AgentOf(const std::string& id, const char* w
 }
 
 Result<std::unique_ptr<AgentClient::PutStream>> SandboxManager::BeginPut(const std::string& id, const std::string& path,
-                                                                         uint32_t mode) {
+                                                                         uint32_t mode, const std::string& user) {
   STRATA_ASSIGN_OR_RETURN(auto entry, Find(id));
   std::shared_ptr<Sandbox> sb;
   {
@@ -213,7 +214,7 @@ Result<std::unique_ptr<AgentClient::PutStream>> SandboxManager::BeginPut(const s
     STRATA_ASSIGN_OR_RETURN(sb, Container(*entry, "put"));
   }
   // The stream keeps the sandbox object alive (like an exec) while it runs.
-  STRATA_ASSIGN_OR_RETURN(auto stream, sb->agent().BeginPut(path, mode, std::nullopt));
+  STRATA_ASSIGN_OR_RETURN(auto stream, sb->agent().BeginPut(path, mode, std::nullopt, user));
   stream->Keep(sb);
   return stream;
 }

@@ -50,7 +50,9 @@ class SandboxManager {
   Status CheckExec(const std::string& id);
 
   // Detached commands (the agent's; they outlive this daemon).
-  Result<std::string> StartDetached(const std::string& id, ExecRequest request, const std::string& exec_id);
+  // `pid`: where to put the command's pid as the sandbox sees it (0 from an older agent).
+  Result<std::string> StartDetached(const std::string& id, ExecRequest request, const std::string& exec_id,
+                                    uint32_t* pid = nullptr);
   Result<std::optional<ExecResult>> Attach(const std::string& id, const std::string& exec_id, uint64_t stdout_offset,
                                            uint64_t stderr_offset, bool follow, const OutputSink& sink, int cancel_fd);
   Result<nlohmann::json> ExecStatus(const std::string& id, const std::string& exec_id, Duration wait);
@@ -68,7 +70,9 @@ class SandboxManager {
   // The agent of a container sandbox (for transfers the API layer drives).
   Result<AgentClient> AgentOf(const std::string& id, const char* what);
   // Starts a file upload streamed to the sandbox piece by piece.
-  Result<std::unique_ptr<AgentClient::PutStream>> BeginPut(const std::string& id, const std::string& path, uint32_t mode);
+  // `user`: the sandbox's user the file is given to (empty: root).
+  Result<std::unique_ptr<AgentClient::PutStream>> BeginPut(const std::string& id, const std::string& path, uint32_t mode,
+                                                           const std::string& user = "");
   Status Pause(const std::string& id);
   Status Resume(const std::string& id);
   // Freezes the sandbox while its upper volume is snapshotted, thaws it,

@@ -31,7 +31,7 @@ enum class Frame : uint8_t {
   kExec = 1,      // {"argv": [...], "env": ["K=V"], "cwd": "/", "timeout_ms": 0,
                   //  "stdout_cap": N, "stderr_cap": N, "stdin": bool, "kill_leftovers": bool}
                   // With "detach": true (and optional "exec_id", "stdin_b64"):
-                  // -> kOk {"exec_id": "..."} at once; the command is the agent's.
+                  // -> kOk {"exec_id": "...", "pid": N (version 6)} at once; the command is the agent's.
   kStdin = 2,     // bytes for the command's stdin (when "stdin" was true)
   kStdinEof = 3,  // no more stdin
   kSignal = 4,    // {"signal": 15}: to the running command's process group

@@ -104,6 +104,8 @@ json ExecRequestJson(const ExecRequest& request) {
           {"kill_leftovers", request.kill_leftovers.value_or(false)}};
   if (!request.files.empty()) j["files"] = request.files.ToJson();
   if (request.grader) j["grader"] = true;
+  if (!request.user.empty()) j["user"] = request.user;
+  if (request.user_optional) j["user_optional"] = true;
   return j;
 }
 
@@ -167,7 +169,8 @@ Result<ExecResult> AgentClient::Exec(const ExecRequest& request, const OutputSin
 }
 
 Result<std::unique_ptr<AgentClient::PutStream>> AgentClient::BeginPut(const std::string& path, uint32_t mode,
-                                                                       std::optional<std::pair<uint32_t, uint32_t>> owner) {
+                                                                       std::optional<std::pair<uint32_t, uint32_t>> owner,
+                                                                       const std::string& user) {
   STRATA_ASSIGN_OR_RETURN(int raw, Connect());
   auto stream = std::make_unique<PutStream>();
   stream->fd_.reset(raw);
@@ -181,6 +184,8 @@ Result<std::unique_ptr<AgentClient::PutStream>> AgentClient::BeginPut(const std:
   if (owner) {
     req["uid"] = owner->first;
     req["gid"] = owner->second;
+  } else if (!user.empty()) {
+    req["user"] = user;
   }
   STRATA_RETURN_IF_ERROR(WriteFrame(stream->fd_.get(), Frame::kPut, req.dump()));
   return stream;
@@ -303,7 +308,7 @@ Result<std::string> AgentClient::Get(const std::string& path) {
   }
 }
 
-Result<std::string> AgentClient::StartDetached(const ExecRequest& request, const std::string& exec_id) {
+Result<std::string> AgentClient::StartDetached(const ExecRequest& request, const std::string& exec_id, uint32_t* pid) {
   STRATA_ASSIGN_OR_RETURN(int raw, Connect(kControlReplyTimeout));
   UniqueFd fd(raw);
   json req = ExecRequestJson(request);
@@ -317,7 +322,8 @@ Result<std::string> AgentClient::StartDetached(const ExecRequest& request, const
   STRATA_RETURN_IF_ERROR(ReadFrame(fd.get(), &type, &payload).Annotate("exec " + request.argv[0] + ": no answer from the agent"));
   if (type != Frame::kOk) return ParseErrorFrame(payload);
   json j = json::parse(payload, nullptr, false);
-  if (!j.is_object() || !j.contains("exec_id")) return Error(EPROTO, "agent: detached exec without an id");
+  if (!j.is_object() || !j.contains("exec_id") || !j["exec_id"].is_string()) return Error(EPROTO, "agent: detached exec without an id");
+  if (pid) *pid = j.value("pid", 0u);  // (0 from an agent before version 6)
   return j["exec_id"].get<std::string>();
 }
 

@@ -33,6 +33,10 @@ struct ExecRequest {
   // `env` goes over the sandbox's env (a name in both takes env's value)
   // instead of replacing it.
   bool merge_env = false;
+  // A user of the sandbox's /etc/passwd the command runs as (protocol
+  // version 6); empty: its root.
+  std::string user;
+  bool user_optional = false;  // a user the image lacks: its root instead
   // A function call: fresh pid, mount, ipc, uts (and, unless the sandbox
   // has the host's, network) namespaces, a private /tmp, no privileges.
   bool isolate = false;
@@ -111,8 +115,11 @@ class AgentClient {
     std::string path_;
     std::vector<std::shared_ptr<void>> keep_;
   };
+  // `user`: a name of the sandbox's /etc/passwd the file is given to
+  // (protocol version 6), when `owner` is not given.
   Result<std::unique_ptr<PutStream>> BeginPut(const std::string& path, uint32_t mode,
-                                              std::optional<std::pair<uint32_t, uint32_t>> owner);
+                                              std::optional<std::pair<uint32_t, uint32_t>> owner,
+                                              const std::string& user = "");
 
   // A directory tree sent entry by entry: Entry() with the entry's
   // {"name", "type", "mode", "target"?}, then for a file its bytes in
@@ -162,7 +169,7 @@ class AgentClient {
 
   // Detached commands (protocol version 2): the agent runs and keeps them.
   // Starts one (`exec_id` empty: the agent names it); returns its id.
-  Result<std::string> StartDetached(const ExecRequest& request, const std::string& exec_id);
+  Result<std::string> StartDetached(const ExecRequest& request, const std::string& exec_id, uint32_t* pid = nullptr);
   // Sends its output from the offsets to `sink`: as it comes when
   // `follow` (until it ends or `cancel_fd` hangs up), else what there is.
   // Returns the exit report once it ended, nullopt while it runs.

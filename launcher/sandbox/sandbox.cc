@@ -287,14 +287,24 @@ void Sandbox::FillDefaults(ExecRequest& request) const {
   if (!request.kill_leftovers) request.kill_leftovers = spec_.kill_leftovers;
 }
 
-Status Sandbox::CheckAgentFor(const ExecRequest& request) {
-  if (request.files.empty()) return OkStatus();
+Result<int> Sandbox::AgentVersion() {
   int version = agent_version_.load();
   if (version == 0) {
     STRATA_ASSIGN_OR_RETURN(nlohmann::json ping, agent_->Ping());
     version = ping.value("version", 1);
     agent_version_ = version;
   }
+  return version;
+}
+
+Status Sandbox::CheckAgentFor(const ExecRequest& request) {
+  if (request.files.empty() && request.user.empty()) return OkStatus();
+  STRATA_ASSIGN_OR_RETURN(int version, AgentVersion());
+  if (!request.user.empty() && version < 6) {
+    return Error(ENOTSUP, StrCat("sandbox ", id_, ": its agent speaks protocol ", version,
+                                 " and cannot run a command as a user; that needs 6 (a sandbox created by this strata)"));
+  }
+  if (request.files.empty()) return OkStatus();
   if (version < 3) {
     return Error(ENOTSUP, StrCat("sandbox ", id_, ": its agent speaks protocol ", version,
                                  " and would ignore file rules; they need 3 (a sandbox created by this strata)"));

@@ -38,6 +38,9 @@ class Sandbox {
   const std::string& id() const { return id_; }
   const std::vector<cache::StackLayer>& layers() const { return stack_; }
   AgentClient& agent() { return *agent_; }
+  // The protocol version its agent speaks (asked once, then kept: an
+  // agent does not change under a sandbox).
+  Result<int> AgentVersion();
 
   // Runs a command through the agent; env and workdir default to the spec's.
   // The sandbox's env, workdir and isolation for a request that leaves them empty.

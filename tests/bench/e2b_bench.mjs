@@ -52,10 +52,11 @@ try {
     head.writeUInt32BE(json.length, 1);
     return Buffer.concat([head, json]);
   };
-  const rawConnect = async () => {
+  const tokenOf = async (id) => (await (await fetch(`${node.url}/sandboxes/${id}`, { headers: { 'X-API-KEY': node.tenant } })).json()).envdAccessToken;
+  const rawConnect = async (id = sbx.sandboxId, tok = token) => {
     const r = await fetch(node.url + '/process.Process/Start', {
       method: 'POST',
-      headers: { 'content-type': 'application/connect+json', 'connect-protocol-version': '1', 'E2b-Sandbox-Id': sbx.sandboxId, 'X-Access-Token': token },
+      headers: { 'content-type': 'application/connect+json', 'connect-protocol-version': '1', 'E2b-Sandbox-Id': id, 'X-Access-Token': tok },
       body: envelope({ process: { cmd: ARGV[0], args: ARGV.slice(1) }, stdin: false }),
     });
     const body = Buffer.from(await r.arrayBuffer());
@@ -95,6 +96,10 @@ try {
   t = performance.now();
   await Promise.all(many.map(async (s) => { for (let i = 0; i < 10; i++) await v1exec(s.sandboxId); }));
   const v1Rate = 320 / ((performance.now() - t) / 1000);
+  const tokens = await Promise.all(many.map((s) => tokenOf(s.sandboxId)));
+  t = performance.now();
+  await Promise.all(many.map(async (s, k) => { for (let i = 0; i < 10; i++) await rawConnect(s.sandboxId, tokens[k]); }));
+  const rawRate = 320 / ((performance.now() - t) / 1000);
   await Promise.all(many.map((s) => s.kill()));
 
   const row = (what, ours, theirs, unit = 'ms') =>
@@ -107,7 +112,8 @@ try {
   row('raw Connect Start p50', pct(raw, 50), pct(base, 50));
   row('raw Connect Start p99', pct(raw, 99), pct(base, 99));
   row('create -> first command -> kill p50', pct(e2bCycle, 50), pct(v1Cycle, 50));
-  row('32 sandboxes at once, commands/s', e2bRate, v1Rate, '/s');
+  row('32 sandboxes at once, commands/s (SDK)', e2bRate, v1Rate, '/s');
+  row('32 sandboxes at once, commands/s (raw Connect)', rawRate, v1Rate, '/s');
   console.log(`E2B plane p50 cost over /v1: SDK ${(pct(sdk, 50) - pct(base, 50)).toFixed(2)} ms, raw Connect ${(pct(raw, 50) - pct(base, 50)).toFixed(2)} ms`);
 } finally {
   await node.stop();

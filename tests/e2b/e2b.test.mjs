@@ -2,6 +2,9 @@
 // daemon: the control plane, commands and files, with nothing changed but
 // E2B_API_URL, E2B_SANDBOX_URL and E2B_API_KEY (docs/e2b.md).
 import assert from 'node:assert/strict';
+import { execFile } from 'node:child_process';
+import path from 'node:path';
+import { promisify } from 'node:util';
 import { after, before, describe, test } from 'node:test';
 
 import { Node, requireNpm } from './node.mjs';
@@ -112,6 +115,14 @@ describe('commands', () => {
     assert.equal(r.stderr, 'oops\n');
   });
 
+  test('commands run as "user" in its home, or as root when asked', async () => {
+    const r = await sbx.commands.run('id -u; echo $HOME; pwd; touch mine && stat -c %U mine');
+    assert.equal(r.stdout, '1000\n/home/user\n/home/user\nuser\n');
+    const root = await sbx.commands.run('id -u; echo $HOME; pwd', { user: 'root' });
+    assert.equal(root.stdout, '0\n/root\n/root\n');
+    await assert.rejects(sbx.commands.run('true', { user: 'nobody-here' }), /nobody-here/);
+  });
+
   test('a failing command is CommandExitError with its exit code and output', async () => {
     await assert.rejects(sbx.commands.run('echo partial; exit 3'), (e) => {
       assert.ok(e instanceof e2b.CommandExitError);
@@ -172,8 +183,11 @@ describe('files', () => {
     const bytes = new Uint8Array(256).map((_, i) => i);
     await sbx.files.write('/tmp/bin', bytes.buffer);
     assert.deepEqual(await sbx.files.read('/tmp/bin', { format: 'bytes' }), bytes);
-    const r = await sbx.commands.run('cat /home/user/notes/a.txt');
-    assert.equal(r.stdout, 'hello file');
+    const r = await sbx.commands.run('cat /home/user/notes/a.txt && stat -c %U /home/user/notes/a.txt && echo more >> notes/a.txt');
+    assert.equal(r.stdout, 'hello fileuser\n');
+    assert.equal((await sbx.files.getInfo('/home/user/notes/a.txt')).owner, 'user');
+    await sbx.files.write('/tmp/by-root', 'x', { user: 'root' });
+    assert.equal((await sbx.files.getInfo('/tmp/by-root')).owner, 'root');
   });
 
   test('several files at once', async () => {
@@ -194,7 +208,7 @@ describe('files', () => {
     const info = await sbx.files.getInfo('/tmp/tree/a/f.txt');
     assert.equal(info.size, 5);
     assert.equal(info.type, 'file');
-    assert.equal(info.owner, 'root');
+    assert.equal(info.owner, 'user');
     assert.match(info.permissions, /^-rw/);
     assert.ok(Math.abs(info.modifiedTime.getTime() - Date.now()) < 60_000);
     assert.equal((await sbx.files.getInfo('/tmp/tree/link')).symlinkTarget, 'a/f.txt');
@@ -251,5 +265,20 @@ describe('the data plane refuses what it must', () => {
     r = await fetch(`${node.url}/files?path=/tmp/../etc/passwd`, { headers: ok });
     assert.equal(r.status, 400);
     assert.equal((await sbx.commands.run('echo alive')).stdout, 'alive\n');
+  });
+});
+
+describe('over TLS', () => {
+  const secure = new Node({ tls: true });
+  before(async () => { await secure.start(); });
+  after(async () => { await secure.stop(); });
+
+  test('the SDK with its defaults and the node\'s certificate', async () => {
+    assert.match(secure.url, /^https:/);
+    const { stdout } = await promisify(execFile)(process.execPath, [path.join(import.meta.dirname, 'tls_client.mjs')], {
+      env: { ...process.env, NODE_EXTRA_CA_CERTS: secure.cert, E2B_API_URL: secure.url, E2B_SANDBOX_URL: secure.url, E2B_API_KEY: secure.tenant },
+    });
+    assert.deepEqual(JSON.parse(stdout), { stdout: 'over tls\n', read: 'secret bytes', killed: true });
+    assert.equal(secure.sandboxes().length, 0);
   });
 });

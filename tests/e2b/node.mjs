@@ -29,10 +29,13 @@ function busyboxTree(dir) {
   fs.writeFileSync(path.join(dir, 'etc', 'passwd'), 'root:x:0:0:root:/root:/bin/sh\nuser:x:1000:1000:user:/home/user:/bin/bash\n');
   fs.writeFileSync(path.join(dir, 'etc', 'group'), 'root:x:0:\nuser:x:1000:\n');
   fs.chmodSync(path.join(dir, 'tmp'), 0o1777);
+  fs.chownSync(path.join(dir, 'home', 'user'), 1000, 1000);
 }
 
 export class Node {
-  constructor() {
+  // `tls`: the listener serves HTTPS with a certificate made here (this.cert).
+  constructor({ tls = false } = {}) {
+    this.tls = tls;
     this.root = fs.mkdtempSync(path.join(os.tmpdir(), 'strata-e2b-'));
     fs.chmodSync(this.root, 0o711);
     const base = path.basename(this.root);
@@ -40,6 +43,8 @@ export class Node {
     this.log = path.join(this.root, 'daemon.log');
     this.tokens = path.join(this.root, 'tokens');
     this.store = 'file://' + path.join(this.root, 'store');
+    this.cert = path.join(this.root, 'cert.pem');
+    this.key = path.join(this.root, 'key.pem');
     this.cgroup = 'strata-e2b-' + base;
     this.uppers = path.join(UPPERS, '.e2b-' + base);
     this.env = {
@@ -64,12 +69,18 @@ export class Node {
     this.run(LAYERCTL, ['build', tree, '-o', path.join(this.root, 'layer'), '--name', 'busybox', '--tag', 'busybox:1']);
     this.tenant = this.token('trainer');
     this.other = this.token('other');
+    const tls = [];
+    if (this.tls) {
+      this.run('openssl', ['req', '-x509', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:prime256v1', '-nodes', '-keyout', this.key,
+        '-out', this.cert, '-days', '2', '-subj', '/CN=127.0.0.1', '-addext', 'subjectAltName=IP:127.0.0.1']);
+      tls.push('--tls-cert', this.cert, '--tls-key', this.key);
+    }
     const err = fs.openSync(this.log, 'a');
     this.proc = spawn(LAUNCHER, ['serve', '--socket', this.socket, '--state', path.join(this.root, 'state'), '--tokens', this.tokens,
-      '--listen', '127.0.0.1:0', '--store', this.store], { env: this.env, stdio: ['ignore', 'ignore', err], detached: true });
+      '--listen', '127.0.0.1:0', '--store', this.store, ...tls], { env: this.env, stdio: ['ignore', 'ignore', err], detached: true });
     for (let i = 0; i < 2000; i++) {
       const text = fs.readFileSync(this.log, 'utf8');
-      const m = text.match(/serving on (http:\/\/127\.0\.0\.1:\d+)/);
+      const m = text.match(/serving on (https?:\/\/127\.0\.0\.1:\d+)/);
       if (m) {
         this.url = m[1];
         break;
