@@ -10,6 +10,9 @@
 #include <csignal>
 #include <cstring>
 #include <ctime>
+#include <thread>
+#include <functional>
+#include <condition_variable>
 
 #include <google/protobuf/descriptor.h>
 
@@ -763,6 +766,38 @@ std::unique_ptr<HttpServer::Upload> Plane::StartUpload(const Request& request, s
 
 namespace {
 
+// Calls `tick` every `seconds` on a thread of its own until stopped (or
+// destroyed); 0: never.
+class KeepAlive {
+ public:
+  KeepAlive(int64_t seconds, std::function<void()> tick) {
+    if (seconds <= 0) return;
+    thread_ = std::thread([this, seconds, tick = std::move(tick)] {
+      std::unique_lock lock(mu_);
+      while (!cv_.wait_for(lock, std::chrono::seconds(seconds), [&] { return stop_; })) {
+        lock.unlock();
+        tick();
+        lock.lock();
+      }
+    });
+  }
+  ~KeepAlive() { Stop(); }
+  void Stop() {
+    {
+      std::lock_guard lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
 // An exec of the sandbox by the pid E2B knows it by.
 Result<json> ExecOfPid(SandboxManager& manager, const std::string& id, uint32_t pid) {
   STRATA_ASSIGN_OR_RETURN(json list, manager.ListExecs(id));
@@ -868,9 +903,12 @@ Response Plane::Rpc(const Request& request, const std::string& id) {
     }
     if (pid == 0) return stream_error(Error(ENOTSUP, "process: sandbox " + id + "'s agent is older than protocol 6 (no pids)"));
     auto watch = std::make_shared<UniqueFd>(request.connection_fd >= 0 ? ::fcntl(request.connection_fd, F_DUPFD_CLOEXEC, 0) : -1);
+    // Keepalive events as often as the client asks (seconds), so a quiet
+    // command's stream never looks dead to it.
+    const int64_t keepalive = std::clamp<int64_t>(std::atoll(Header(request, "keepalive-ping-interval").c_str()), 0, 3600);
     Response r;
     r.content_type = StreamContentType(*call);
-    r.stream = [this, id, eid, pid, out_offset, err_offset, watch, c = *call](const HttpServer::StreamWriter& write) {
+    r.stream = [this, id, eid, pid, out_offset, err_offset, watch, keepalive, c = *call](const HttpServer::StreamWriter& write) {
       SandboxManager& m = server_.manager();
       auto event = [&](const process::ProcessEvent& e) {
         process::StartResponse answer;  // (StartResponse and ConnectResponse are one shape)
@@ -880,6 +918,11 @@ Response Plane::Rpc(const Request& request, const std::string& id) {
       process::ProcessEvent start;
       start.mutable_start()->set_pid(pid);
       if (!event(start)) return;
+      KeepAlive ticking(keepalive, [&] {
+        process::ProcessEvent alive;
+        alive.mutable_keepalive();
+        event(alive);
+      });
       auto ended = m.Attach(id, eid, out_offset, err_offset, /*follow=*/true, [&](int stream, std::string_view bytes) {
         process::ProcessEvent data;
         if (stream == 1) data.mutable_data()->set_stdout(std::string(bytes));
@@ -887,6 +930,7 @@ Response Plane::Rpc(const Request& request, const std::string& id) {
         event(data);
       }, watch->get());
       m.Touch(id);
+      ticking.Stop();
       if (!ended.ok()) {
         if (ended.status().code() != ECANCELED) write(StreamEnd(ended.status()));
         return;

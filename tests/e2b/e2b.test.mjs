@@ -250,6 +250,27 @@ describe('the data plane refuses what it must', () => {
     assert.match(Buffer.from(await r.arrayBuffer()).toString(), /not_found/);
   });
 
+  test('a quiet command\'s stream carries keepalive events as often as asked', async () => {
+    const detail = await (await fetch(`${node.url}/sandboxes/${sbx.sandboxId}`, { headers: { 'X-API-KEY': node.tenant } })).json();
+    const json = Buffer.from(JSON.stringify({ process: { cmd: '/bin/sh', args: ['-c', 'sleep 2.5; echo up'] } }));
+    const head = Buffer.alloc(5);
+    head.writeUInt32BE(json.length, 1);
+    const r = await call({ 'E2b-Sandbox-Id': sbx.sandboxId, 'X-Access-Token': detail.envdAccessToken, 'Keepalive-Ping-Interval': '1' },
+      Buffer.concat([head, json]), '/process.Process/Start', 'application/connect+json');
+    const body = Buffer.from(await r.arrayBuffer());
+    const events = [];
+    for (let at = 0; at < body.length;) {
+      const n = body.readUInt32BE(at + 1);
+      events.push({ flags: body[at], msg: JSON.parse(body.subarray(at + 5, at + 5 + n).toString()) });
+      at += 5 + n;
+    }
+    const kinds = events.map((e) => (e.flags & 2 ? 'end-stream' : Object.keys(e.msg.event)[0]));
+    assert.equal(kinds[0], 'start');
+    assert.ok(kinds.filter((k) => k === 'keepalive').length >= 2, kinds.join(','));
+    assert.deepEqual(kinds.slice(-2), ['end', 'end-stream']);
+    assert.ok(kinds.includes('data'));
+  });
+
   test('malformed envelopes, unknown methods, paths with ..', async () => {
     const ok = { 'E2b-Sandbox-Id': sbx.sandboxId, 'X-Access-Token': sbx.envdAccessToken ?? '' };
     // (the SDK keeps the token private; ask the control plane for it)
