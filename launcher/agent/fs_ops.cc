@@ -30,15 +30,37 @@ namespace {
 constexpr size_t kMaxListBytes = kMaxFrame - (16 << 10);
 constexpr uint32_t kMaxListDepth = 64;
 
-// uid/gid -> name, from the sandbox's own /etc/passwd or /etc/group.
+// The records of a colon-separated file of the sandbox's (/etc/passwd,
+// /etc/group) with at least `fields` fields and a name; none if it cannot be read.
+std::vector<std::vector<std::string>> Records(const char* file, size_t fields) {
+  std::vector<std::vector<std::string>> records;
+  auto text = ReadFileToString(file);
+  if (!text.ok()) return records;
+  for (const auto& line : Split(*text, '\n')) {
+    auto f = Split(line, ':');
+    if (f.size() >= fields && !f[0].empty()) records.push_back(std::move(f));
+  }
+  return records;
+}
+
+// uid/gid -> name.
 std::map<uint32_t, std::string> Names(const char* file) {
   std::map<uint32_t, std::string> names;
-  auto text = ReadFileToString(file);
-  if (!text.ok()) return names;
-  for (const auto& line : Split(*text, '\n')) {
-    auto fields = Split(line, ':');
-    if (fields.size() >= 3 && !fields[0].empty()) names.emplace(std::strtoul(fields[2].c_str(), nullptr, 10), fields[0]);
+  for (const auto& f : Records(file, 3)) names.emplace(std::strtoul(f[2].c_str(), nullptr, 10), f[0]);
+  return names;
+}
+
+// The names in directory `dir` but "." and "..", sorted.
+Result<std::vector<std::string>> DirNames(const std::string& dir, const char* what) {
+  DIR* d = ::opendir(dir.c_str());
+  if (!d) return ErrnoError(errno, StrCat(what, " ", dir));
+  std::vector<std::string> names;
+  while (dirent* e = ::readdir(d)) {
+    const std::string name = e->d_name;
+    if (name != "." && name != "..") names.push_back(name);
   }
+  ::closedir(d);
+  std::sort(names.begin(), names.end());
   return names;
 }
 
@@ -76,15 +98,7 @@ struct Describer {
   }
 
   Status List(const std::string& dir, uint32_t depth, json* out, size_t* bytes) const {
-    DIR* d = ::opendir(dir.c_str());
-    if (!d) return ErrnoError(errno, "list " + dir);
-    std::vector<std::string> names;
-    while (dirent* e = ::readdir(d)) {
-      const std::string name = e->d_name;
-      if (name != "." && name != "..") names.push_back(name);
-    }
-    ::closedir(d);
-    std::sort(names.begin(), names.end());
+    STRATA_ASSIGN_OR_RETURN(auto names, DirNames(dir, "list"));
     for (const auto& name : names) {
       const std::string path = dir == "/" ? "/" + name : dir + "/" + name;
       auto entry = Entry(path);
@@ -108,14 +122,7 @@ Status RemoveTree(const std::string& path) {
   struct stat st;
   if (::lstat(path.c_str(), &st) != 0) return ErrnoError(errno, "remove " + path);
   if (!S_ISDIR(st.st_mode)) return ::unlink(path.c_str()) == 0 ? OkStatus() : ErrnoError(errno, "remove " + path);
-  DIR* d = ::opendir(path.c_str());
-  if (!d) return ErrnoError(errno, "remove " + path);
-  std::vector<std::string> names;
-  while (dirent* e = ::readdir(d)) {
-    const std::string name = e->d_name;
-    if (name != "." && name != "..") names.push_back(name);
-  }
-  ::closedir(d);
+  STRATA_ASSIGN_OR_RETURN(auto names, DirNames(path, "remove"));
   for (const auto& name : names) STRATA_RETURN_IF_ERROR(RemoveTree(path + "/" + name));
   return ::rmdir(path.c_str()) == 0 ? OkStatus() : ErrnoError(errno, "remove " + path);
 }
@@ -133,14 +140,10 @@ bool Absolute(const std::string& path) {
 namespace agent {
 
 Result<User> LookupUser(const std::string& name) {
-  auto passwd = ReadFileToString("/etc/passwd");
-  if (passwd.ok()) {
-    for (const auto& line : Split(*passwd, '\n')) {
-      auto f = Split(line, ':');
-      if (f.size() >= 6 && f[0] == name) {
-        return User{static_cast<uint32_t>(std::strtoul(f[2].c_str(), nullptr, 10)),
-                    static_cast<uint32_t>(std::strtoul(f[3].c_str(), nullptr, 10)), f[5]};
-      }
+  for (const auto& f : Records("/etc/passwd", 6)) {
+    if (f[0] == name) {
+      return User{static_cast<uint32_t>(std::strtoul(f[2].c_str(), nullptr, 10)),
+                  static_cast<uint32_t>(std::strtoul(f[3].c_str(), nullptr, 10)), f[5]};
     }
   }
   return Error(ENOENT, "user " + Quote(name) + " is not in the sandbox's /etc/passwd");

@@ -64,6 +64,23 @@ std::string Envelope(uint8_t flags, std::string_view data) {
   return out;
 }
 
+std::string MediaType(const HttpServer::Request& request) {
+  auto it = request.headers.find("content-type");
+  std::string type = it == request.headers.end() ? "" : Lower(it->second);
+  type = type.substr(0, type.find(';'));
+  while (!type.empty() && type.back() == ' ') type.pop_back();
+  return type;
+}
+
+HttpServer::Response ErrorFor(const HttpServer::Request& request, Code code, std::string_view message) {
+  const std::string type = MediaType(request);
+  if (!type.starts_with("application/connect+")) return ErrorReply(code, message);
+  HttpServer::Response r;
+  r.content_type = type == "application/connect+proto" ? "application/connect+proto" : "application/connect+json";
+  r.body = StreamEnd(code, message);
+  return r;
+}
+
 Result<Call> ParseCall(const HttpServer::Request& request) {
   Call call;
   const std::string where = "connect " + request.path;
@@ -80,9 +97,7 @@ Result<Call> ParseCall(const HttpServer::Request& request) {
     auto it = request.headers.find(name);
     return it == request.headers.end() ? "" : Lower(it->second);
   };
-  std::string type = header("content-type");
-  type = type.substr(0, type.find(';'));
-  while (!type.empty() && type.back() == ' ') type.pop_back();
+  const std::string type = MediaType(request);
   if (type == "application/json") {
   } else if (type == "application/proto") {
     call.binary = true;

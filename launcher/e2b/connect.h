@@ -68,6 +68,13 @@ Status Decode(const Call& call, size_t index, google::protobuf::Message* out);
 // `message` in the call's encoding.
 std::string Encode(const Call& call, const google::protobuf::Message& message);
 
+// The request's content type, lowercased, without its parameters.
+std::string MediaType(const HttpServer::Request& request);
+
+// The error answer to a call, framed as its content type asks: a
+// streaming call's (application/connect+*) is a stream of its end alone.
+HttpServer::Response ErrorFor(const HttpServer::Request& request, Code code, std::string_view message);
+
 // A unary call's answers.
 HttpServer::Response UnaryReply(const Call& call, const google::protobuf::Message& message);
 HttpServer::Response ErrorReply(Code code, std::string_view message);

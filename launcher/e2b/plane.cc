@@ -21,6 +21,7 @@
 #include "common/log.h"
 #include "common/strings.h"
 #include "common/unique_fd.h"
+#include "launcher/api/wire.h"
 #include "launcher/e2b/connect.h"
 #include "launcher/e2b/filesystem.pb.h"
 #include "launcher/e2b/process.pb.h"
@@ -40,7 +41,7 @@ constexpr const char* kReservedPrefix = "e2b.";
 // The most sandboxes one list page holds.
 constexpr size_t kMaxPage = 1000;
 
-std::string Dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+using api::Dump;
 
 // E2B's REST error: {"code": <HTTP status>, "message": ...}.
 Response RestError(int status, std::string_view message) {
@@ -51,12 +52,8 @@ Response RestError(int status, std::string_view message) {
 }
 Response RestError(const Status& s) { return RestError(HttpServer::HttpStatusFor(s.code()), s.message()); }
 
-Response RestJson(const json& j, int status = 200) {
-  Response r;
-  r.status = status;
-  r.body = Dump(j);
-  return r;
-}
+// (E2B's answers are /v1's JSON answers.)
+Response RestJson(const json& j, int status = 200) { return api::Json(j, status); }
 
 Response NoContent() {
   Response r;
@@ -233,11 +230,11 @@ std::string Plane::AccessToken(const std::string& id) const {
   return h.ok() ? *h : "";
 }
 
-Result<std::optional<Template>> Plane::FindTemplate(const std::string& name) {
+std::optional<Template> Plane::FindTemplate(const std::string& name) {
   std::lock_guard lock(mu_);
   auto it = templates_.find(name);
-  if (it == templates_.end()) return std::optional<Template>();
-  return std::optional<Template>(it->second);
+  if (it == templates_.end()) return std::nullopt;
+  return it->second;
 }
 
 Status Plane::SaveTemplates() {
@@ -395,10 +392,9 @@ Response Plane::Control(const Request& req, const Caller& caller) {
 
 Response Plane::Create(const json& body, const Caller& caller) {
   const std::string name = body.value("templateID", "base");
-  auto found = FindTemplate(name);
-  if (!found.ok()) return RestError(found.status());
-  if (!*found) return RestError(404, "template " + Quote(name) + " not found (launcher template set " + name + " --layer ...)");
-  const Template& t = **found;
+  const auto found = FindTemplate(name);
+  if (!found) return RestError(404, "template " + Quote(name) + " not found (launcher template set " + name + " --layer ...)");
+  const Template& t = *found;
   json create = {{"layers", t.layers}};
   if (!t.backend.empty()) create["backend"] = t.backend;
   if (t.memory) create["memory"] = t.memory;
@@ -612,16 +608,7 @@ Result<std::string> Plane::EnvdSandbox(const Request& r) const {
 
 Response Plane::Envd(const Request& request) {
   const bool rpc = request.path.starts_with("/process.") || request.path.starts_with("/filesystem.");
-  std::string type = Header(request, "content-type");
-  for (char& c : type) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  // A Connect call's error: a streaming one's is its stream's end.
-  auto rpc_error = [&](Code code, const std::string& message) {
-    if (!type.starts_with("application/connect+")) return ErrorReply(code, message);
-    Response r;
-    r.content_type = type.starts_with("application/connect+proto") ? "application/connect+proto" : "application/connect+json";
-    r.body = StreamEnd(code, message);
-    return r;
-  };
+  auto rpc_error = [&](Code code, const std::string& message) { return ErrorFor(request, code, message); };
   auto id = EnvdSandbox(request);
   if (!id.ok()) {
     const int status = id.status().code() == EACCES ? 401 : 502;  // (E2B's proxy: 502 for a sandbox that is not there)
@@ -696,8 +683,9 @@ class FilesUpload : public HttpServer::Upload {
     return stream_->Write(piece);
   }
   Response Finish() override {
-    Status s = form_ || stream_ ? Close() : Open(path_);
-    if (s.ok() && !form_) s = Close();
+    // (An empty body to ?path= is an empty file.)
+    Status s = !form_ && !stream_ ? Open(path_) : OkStatus();
+    if (s.ok()) s = Close();
     if (!s.ok()) return RestError(s);
     return RestJson(written_);
   }
@@ -746,9 +734,7 @@ std::unique_ptr<HttpServer::Upload> Plane::StartUpload(const Request& request, s
     return nullptr;
   }
   server_.manager().Touch(*id);
-  std::string type = Header(request, "content-type");
-  for (char& c : type) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  const bool form = type.starts_with("multipart/form-data");
+  const bool form = MediaType(request) == "multipart/form-data";
   auto q = request.query.find("path");
   const std::string path = q == request.query.end() ? "" : q->second;
   if (!form && path.empty()) {
@@ -840,31 +826,12 @@ void EntryOf(const json& e, filesystem::EntryInfo* out) {
 
 Response Plane::Rpc(const Request& request, const std::string& id) {
   auto call = ParseCall(request);
-  if (!call.ok()) {
-    const int err = call.status().code();
-    const Code code = err == ENOENT ? Code::kNotFound : err == EFBIG ? Code::kResourceExhausted
-                      : err == EOPNOTSUPP ? Code::kUnimplemented : Code::kInvalidArgument;
-    // A streaming call's error is its stream's end, as Connect has it.
-    std::string type = Header(request, "content-type");
-    for (char& c : type) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-    if (type.starts_with("application/connect+")) {
-      Response r;
-      r.content_type = type.starts_with("application/connect+proto") ? "application/connect+proto" : "application/connect+json";
-      r.body = StreamEnd(code, call.status().message());
-      return r;
-    }
-    return ErrorReply(code, call.status().message());
-  }
+  if (!call.ok()) return ErrorFor(request, CodeOf(call.status()), call.status().message());
   SandboxManager& manager = server_.manager();
   manager.Touch(id);
   const std::string name = call->service + "/" + call->method;
-  // A streamed call's failure before it streams: an answer of one end message.
-  auto stream_error = [&](const Status& s) {
-    Response r;
-    r.content_type = StreamContentType(*call);
-    r.body = StreamEnd(s);
-    return r;
-  };
+  // A failure, framed as the call is (a streamed one's before it streams: a stream of its end alone).
+  auto fail = [&](const Status& s) { return ErrorFor(request, CodeOf(s), s.message()); };
   if (name == "process.Process/Start" || name == "process.Process/Connect") {
     if (!call->streaming) return ErrorReply(Code::kInvalidArgument, name + " is a streaming call (application/connect+json)");
     std::string eid;
@@ -872,9 +839,9 @@ Response Plane::Rpc(const Request& request, const std::string& id) {
     uint64_t out_offset = 0, err_offset = 0;
     if (call->method == "Start") {
       process::StartRequest in;
-      if (Status s = Decode(*call, 0, &in); !s.ok()) return stream_error(s);
-      if (in.has_pty()) return stream_error(Error(ENOSYS, "process: a pty is not served yet by strata's envd"));
-      if (in.process().cmd().empty()) return stream_error(Error(EINVAL, "process: cmd is empty"));
+      if (Status s = Decode(*call, 0, &in); !s.ok()) return fail(s);
+      if (in.has_pty()) return fail(Error(ENOSYS, "process: a pty is not served yet by strata's envd"));
+      if (in.process().cmd().empty()) return fail(Error(EINVAL, "process: cmd is empty"));
       ExecRequest exec;
       exec.argv.push_back(in.process().cmd());
       for (const auto& a : in.process().args()) exec.argv.push_back(a);
@@ -889,19 +856,22 @@ Response Plane::Rpc(const Request& request, const std::string& id) {
       exec.stdout_cap = exec.stderr_cap = uint64_t{16} << 20;
       std::string want = in.has_tag() ? "e2b-tag-" + in.tag() : "e2b-" + NewSandboxId().substr(3);
       auto started = manager.StartDetached(id, std::move(exec), want, &pid);
-      if (!started.ok()) return stream_error(started.status());
+      if (!started.ok()) return fail(started.status());
       eid = *started;
     } else {
       process::ConnectRequest in;
-      if (Status s = Decode(*call, 0, &in); !s.ok()) return stream_error(s);
+      if (Status s = Decode(*call, 0, &in); !s.ok()) return fail(s);
       auto e = ExecOf(manager, id, in.process());
-      if (!e.ok()) return stream_error(e.status());
+      if (!e.ok()) return fail(e.status());
       eid = e->value("id", "");
       pid = e->value("pid", 0u);
       out_offset = e->value("stdout_bytes", uint64_t{0});
       err_offset = e->value("stderr_bytes", uint64_t{0});
     }
-    if (pid == 0) return stream_error(Error(ENOTSUP, "process: sandbox " + id + "'s agent is older than protocol 6 (no pids)"));
+    if (pid == 0) {  // (an agent before protocol 6: what it started is not left running unseen)
+      if (call->method == "Start") manager.SignalExec(id, eid, SIGKILL).IgnoreError();
+      return fail(Error(ENOTSUP, "process: sandbox " + id + "'s agent is older than protocol 6 (no pids)"));
+    }
     auto watch = std::make_shared<UniqueFd>(request.connection_fd >= 0 ? ::fcntl(request.connection_fd, F_DUPFD_CLOEXEC, 0) : -1);
     // Keepalive events as often as the client asks (seconds), so a quiet
     // command's stream never looks dead to it.
@@ -946,7 +916,6 @@ Response Plane::Rpc(const Request& request, const std::string& id) {
   }
   if (name == "process.Process/SendInput" || name == "process.Process/CloseStdin" || name == "process.Process/StreamInput") {
     // (All three end in the agent's ExecInput: bytes for the command's stdin, or its end.)
-    auto fail = [&](const Status& s) { return call->streaming ? stream_error(s) : ErrorReply(s); };
     if (call->streaming != (call->method == "StreamInput")) {
       return fail(Error(EINVAL, name + (call->streaming ? " is not a streaming call" : " is a streaming call (application/connect+json)")));
     }
@@ -997,7 +966,7 @@ Response Plane::Rpc(const Request& request, const std::string& id) {
     r.body = StreamMessage(*call, process::StreamInputResponse()) + StreamEnd();
     return r;
   }
-  if (call->streaming) return stream_error(Error(ENOSYS, "envd: " + name + " is not a streaming call strata serves"));
+  if (call->streaming) return fail(Error(ENOSYS, "envd: " + name + " is not a streaming call strata serves"));
   if (name == "process.Process/List") {
     auto list = manager.ListExecs(id);
     if (!list.ok()) return ErrorReply(list.status());

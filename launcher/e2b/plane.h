@@ -77,7 +77,7 @@ class Plane {
   HttpServer::Response Rpc(const HttpServer::Request& request, const std::string& id);
   HttpServer::Response GetFile(const HttpServer::Request& request, const std::string& id);
 
-  Result<std::optional<Template>> FindTemplate(const std::string& name);
+  std::optional<Template> FindTemplate(const std::string& name);
   Status SaveTemplates();
 
   LauncherServer& server_;

@@ -59,7 +59,7 @@ describe('the control plane', () => {
   test("another tenant's sandbox is not found on either plane", async () => {
     const sbx = await fresh();
     try {
-      await assert.rejects(e2b.Sandbox.connect(sbx.sandboxId, { apiKey: node.other }), e2b.NotFoundError ?? Error);
+      await assert.rejects(e2b.Sandbox.connect(sbx.sandboxId, { apiKey: node.other }), e2b.SandboxNotFoundError);
       assert.equal(await e2b.Sandbox.kill(sbx.sandboxId, { apiKey: node.other }), false);
       const theirs = await e2b.Sandbox.list({ apiKey: node.other }).nextItems();
       assert.equal(theirs.length, 0);
@@ -219,11 +219,11 @@ describe('files', () => {
     assert.equal(await sbx.files.read('/tmp/tree/b/g.txt'), '12345');
     await sbx.files.remove('/tmp/tree');
     assert.equal(await sbx.files.exists('/tmp/tree'), false);
-    await assert.rejects(sbx.files.getInfo('/tmp/tree'), e2b.NotFoundError);
+    await assert.rejects(sbx.files.getInfo('/tmp/tree'), e2b.FileNotFoundError);
   });
 
   test('a missing file is NotFoundError', async () => {
-    await assert.rejects(sbx.files.read('/no/such/file'), e2b.NotFoundError);
+    await assert.rejects(sbx.files.read('/no/such/file'), e2b.FileNotFoundError);
   });
 });
 
