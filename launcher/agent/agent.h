@@ -75,6 +75,7 @@ class Agent {
     bool kill_leftovers = false;
     std::string argv0;
     pid_t group = -1;  // the process group signals go to: pid's, or a shepherd's command's
+    UniqueFd pty;      // its terminal's other end ("pty"): out_r and in_w are copies of it
   };
   struct Detached {
     std::string id;
@@ -93,6 +94,8 @@ class Agent {
     // mu: a write may wait for the command to read).
     std::mutex in_mu;
     UniqueFd in;
+    UniqueFd pty;  // its terminal ("pty"), for its size (under in_mu)
+    bool has_pty = false;
   };
 
   void HandleConnection(UniqueFd conn);

@@ -26,6 +26,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <ctime>
 #include <functional>
 #include <memory>
@@ -78,7 +79,7 @@ struct CallSpec {
 
 // What failed before a command could run, reported on the error pipe so
 // the launcher's message names the step, not just an errno.
-enum class StartStep : int { kExec, kChdir, kNamespaces, kMounts, kLoopback, kPrivileges, kFork, kRules, kLandlock, kCgroup, kUser,
+enum class StartStep : int { kExec, kChdir, kNamespaces, kMounts, kLoopback, kPrivileges, kFork, kRules, kLandlock, kCgroup, kUser, kTerminal,
                              kStarted /* not a failure: a shepherd's command runs, `err` is its pid */ };
 struct StartFailure {
   StartStep step;
@@ -99,6 +100,7 @@ const char* StepName(StartStep step) {
     case StartStep::kLandlock: return "file rules: enter a Landlock domain";
     case StartStep::kCgroup: return "join the commands' cgroup";
     case StartStep::kUser: return "become the user";
+    case StartStep::kTerminal: return "pty: take the terminal";
     case StartStep::kStarted: return "started";
   }
   return "start";
@@ -576,6 +578,42 @@ Result<Agent::Started> Agent::Start(const json& req, bool want_stdin) {
   int out[2], err[2], in[2];
   if (::pipe2(out, O_CLOEXEC) || ::pipe2(err, O_CLOEXEC) || ::pipe2(in, O_CLOEXEC)) return ErrnoError(errno, "exec: pipe");
   UniqueFd out_r(out[0]), out_w(out[1]), err_r(err[0]), err_w(err[1]), in_r(in[0]), in_w(in[1]);
+  // "pty": {"cols", "rows"}: the command's stdin, stdout and stderr are a
+  // new terminal's, which is its controlling one; its output is the
+  // terminal's (stdout), its input and size go to the terminal.
+  UniqueFd pty_master;
+  if (req.contains("pty")) {
+    if (isolate) return Error(ENOTSUP, "exec: pty: a function call has no terminal");
+    if (started.kill_leftovers) return Error(ENOTSUP, "exec: pty: kill_leftovers moves the command out of the terminal's session");
+    struct winsize size {};
+    try {
+      size.ws_col = static_cast<unsigned short>(std::clamp<int>(req["pty"].value("cols", 80), 1, 10000));
+      size.ws_row = static_cast<unsigned short>(std::clamp<int>(req["pty"].value("rows", 24), 1, 10000));
+    } catch (const json::exception&) {
+      return Error(EINVAL, "exec: pty must be {\"cols\": N, \"rows\": N}");
+    }
+    pty_master.reset(::posix_openpt(O_RDWR | O_NOCTTY | O_CLOEXEC));
+    if (!pty_master) return ErrnoError(errno, "exec: pty: open /dev/ptmx");
+    char name[64];
+    if (::grantpt(pty_master.get()) != 0 || ::unlockpt(pty_master.get()) != 0 || ::ptsname_r(pty_master.get(), name, sizeof name) != 0) {
+      return ErrnoError(errno, "exec: pty: unlock its terminal");
+    }
+    UniqueFd terminal(::open(name, O_RDWR | O_NOCTTY | O_CLOEXEC));
+    if (!terminal) return ErrnoError(errno, StrCat("exec: pty: open ", name));
+    if (::ioctl(pty_master.get(), TIOCSWINSZ, &size) != 0) return ErrnoError(errno, "exec: pty: set its size");
+    // The command's three are the terminal; the agent reads and writes its
+    // other end (its stderr is the terminal too: no stderr of its own).
+    UniqueFd in_copy(::fcntl(terminal.get(), F_DUPFD_CLOEXEC, 0)), err_copy(::fcntl(terminal.get(), F_DUPFD_CLOEXEC, 0));
+    UniqueFd master_in(::fcntl(pty_master.get(), F_DUPFD_CLOEXEC, 0));
+    if (!in_copy || !err_copy || !master_in) return ErrnoError(errno, "exec: pty: dup");
+    out_w = std::move(terminal);
+    in_r = std::move(in_copy);
+    err_w = std::move(err_copy);
+    in_w = std::move(master_in);
+    out_r.reset(::fcntl(pty_master.get(), F_DUPFD_CLOEXEC, 0));
+    if (!out_r) return ErrnoError(errno, "exec: pty: dup");
+    err_r.reset();
+  }
   std::vector<char*> cargv, cenv;
   for (auto& a : argv) cargv.push_back(a.data());
   cargv.push_back(nullptr);
@@ -616,6 +654,7 @@ Result<Agent::Started> Agent::Start(const json& req, bool want_stdin) {
       ::dup2(in_r.get(), 0);
       ::dup2(out_w.get(), 1);
       ::dup2(err_w.get(), 2);
+      if (pty_master && ::ioctl(0, TIOCSCTTY, 0) != 0) FailStart(err_pipe_w.get(), StartStep::kTerminal, errno);
       // Nothing else of the agent's (other requests' files and sockets,
       // other commands' pipes): close-on-exec is not enough for the
       // processes here that never exec (a shepherd, a call's init).
@@ -701,6 +740,7 @@ Result<Agent::Started> Agent::Start(const json& req, bool want_stdin) {
   started.out_r = std::move(out_r);
   started.err_r = std::move(err_r);
   started.in_w = std::move(in_w);
+  started.pty = std::move(pty_master);
   return started;
 }
 

@@ -3,8 +3,10 @@
 // here.
 #include <poll.h>
 #include <signal.h>
+#include <sys/ioctl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <memory>
 
@@ -27,6 +29,7 @@ json Agent::Detached::Describe() const {
   json j = {{"id", id}, {"argv", argv}, {"started", started}, {"state", done ? "exited" : "running"},
             {"stdout_bytes", out.size()}, {"stderr_bytes", err.size()}};
   if (pid > 0) j["pid"] = pid;  // the command's process group, as the sandbox sees it
+  if (has_pty) j["pty"] = true;
   if (done) j["exit"] = exit;
   return j;
 }
@@ -63,7 +66,8 @@ Status Agent::StartDetached(int conn, const json& req) {
     input = Base64Decode(req["stdin_b64"].get<std::string>());
   }
   // "stdin": true without "stdin_b64": its stdin stays open for kExecInput.
-  const bool keep_stdin = !req.contains("stdin_b64") && req.value("stdin", false);
+  // A terminal's input is always kept ("pty").
+  const bool keep_stdin = !req.contains("stdin_b64") && (req.value("stdin", false) || req.contains("pty"));
   auto started = input || !req.contains("stdin_b64") ? Start(req, input.has_value() || keep_stdin)
                                                      : Result<Started>(Error(EINVAL, "exec: stdin_b64 is not base64"));
   if (!started.ok()) {
@@ -74,13 +78,15 @@ Status Agent::StartDetached(int conn, const json& req) {
   {
     std::lock_guard lock(d->mu);
     d->pid = started->group;
+    d->has_pty = static_cast<bool>(started->pty);
   }
   // The pump runs on its own thread; stdin, if any, is written by another
   // so a command that fills its output first never stalls on it.
   auto command = std::make_shared<Started>(std::move(*started));
-  if (keep_stdin) {
+  {
     std::lock_guard lock(d->in_mu);
-    d->in = std::move(command->in_w);
+    if (keep_stdin) d->in = std::move(command->in_w);
+    d->pty = std::move(command->pty);
   }
   if (input) {
     int in = command->in_w.release();
@@ -104,6 +110,7 @@ Status Agent::StartDetached(int conn, const json& req) {
     }
     std::lock_guard lock(d->in_mu);
     d->in.reset();
+    d->pty.reset();
   });
   return WriteFrame(conn, Frame::kOk, json{{"exec_id", d->id}, {"pid", command->group}}.dump());
 }
@@ -182,6 +189,14 @@ Status Agent::ExecInput(int conn, const json& req) {
     if (!data) return SendError(conn, Error(EINVAL, "exec input: data_b64 is not base64"));
   }
   std::lock_guard lock(d->in_mu);
+  if (req.contains("size")) {  // {"cols", "rows"}: its terminal's new size
+    if (!d->pty) return SendError(conn, Error(ENOTTY, "exec " + d->id + ": it has no terminal (started without \"pty\") or ended"));
+    struct winsize size {};
+    size.ws_col = static_cast<unsigned short>(std::clamp<int>(req["size"].value("cols", 80), 1, 10000));
+    size.ws_row = static_cast<unsigned short>(std::clamp<int>(req["size"].value("rows", 24), 1, 10000));
+    if (::ioctl(d->pty.get(), TIOCSWINSZ, &size) != 0) return SendError(conn, ErrnoError(errno, "exec " + d->id + ": resize its terminal"));
+    if (!req.contains("data_b64") && !req.value("close", false)) return WriteFrame(conn, Frame::kOk, "{}");
+  }
   if (!d->in) return SendError(conn, Error(EPIPE, "exec " + d->id + ": its stdin is closed (or was never kept open)"));
   if (data && !data->empty()) {
     if (Status s = WriteFull(d->in.get(), *data); !s.ok()) return SendError(conn, s.Annotate("exec " + d->id + ": stdin"));

@@ -22,7 +22,7 @@ namespace {
 // Body bytes a relay holds before the node's side waits for the caller's.
 constexpr size_t kRelayBytes = size_t{1} << 20;
 // The headers of a node's answer a caller may need.
-constexpr const char* kPassedHeaders[] = {"retry-after", "www-authenticate", "x-strata-file-size"};
+constexpr const char* kPassedHeaders[] = {"retry-after", "www-authenticate", "x-strata-file-size", "x-next-token"};
 
 bool Gone(int fd) {
   if (fd < 0) return false;
@@ -150,8 +150,10 @@ std::shared_ptr<RelayThread> Start(cache::HttpClient& client, const std::string&
     cache::HttpRequest request;
     request.method = call.method;
     request.url = call.node_url + call.target;
-    request.headers.push_back("Authorization: Bearer " + credential);
-    if (!call.tenant.empty()) request.headers.push_back("X-Strata-Tenant: " + call.tenant);
+    if (call.as_gateway) {
+      request.headers.push_back("Authorization: Bearer " + credential);
+      if (!call.tenant.empty()) request.headers.push_back("X-Strata-Tenant: " + call.tenant);
+    }
     for (const auto& [k, v] : call.headers) request.headers.push_back(k + ": " + v);
     request.body = call.body;
     request.any_status = true;

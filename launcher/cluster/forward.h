@@ -37,6 +37,10 @@ class Forwarder {
     std::string method;
     std::string target;    // path and query, encoded: "/v1/sandboxes/sb-a-12/files?path=%2Fx"
     std::string tenant;    // "" for the operator's call
+    // With the gateway's credential and the caller's tenant; false for a
+    // call the node authenticates by what it carries itself (an E2B envd
+    // call: the sandbox's access token).
+    bool as_gateway = true;
     std::vector<std::pair<std::string, std::string>> headers;  // the caller's to pass on (Accept, Idempotency-Key, ...)
     std::string body;
     // The caller's connection (a duplicate the call may keep): when it

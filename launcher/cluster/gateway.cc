@@ -1,6 +1,7 @@
 // The gateway's routes: creates placed by load, sandbox calls by their
 // id's node, lists and metrics gathered from every live node.
 #include "launcher/cluster/gateway.h"
+#include "launcher/cluster/gateway_internal.h"
 
 #include <fcntl.h>
 #include <strings.h>
@@ -16,6 +17,8 @@
 #include "common/log.h"
 #include "common/strings.h"
 #include "common/units.h"
+#include "launcher/api/wire.h"
+#include "launcher/e2b/routes.h"
 #include "launcher/front/front.h"
 #include "launcher/front/tenants.h"
 #include "launcher/sandbox/ids.h"
@@ -27,39 +30,14 @@ using nlohmann::json;
 using Request = HttpServer::Request;
 using Response = HttpServer::Response;
 
-namespace {
+namespace gw {
 
-// How long a call the gateway makes on its own (a list, metrics, a key
-// probe) waits for a node; a node slower than that is left out (a list
-// names it) or, for a probe, makes the answer unknown.
-constexpr auto kFanOutTimeout = std::chrono::seconds(10);
-constexpr auto kProbeTimeout = std::chrono::seconds(3);
-
-Response Json(const json& j, int status = 200) {
-  Response r;
-  r.status = status;
-  r.body = j.dump(-1, ' ', false, json::error_handler_t::replace);
-  return r;
-}
-
-Response Fail(const Status& s) { return HttpServer::ErrorResponse(s); }
-
-// The answer for a sandbox whose node is gone: the caller's SDK retries
-// 503s, and the node may come back (its sandboxes are re-adopted).
 Response NodeLost(const std::string& node, const std::string& why) {
-  Response r = Json({{"error", why}, {"node", node}, {"errno", EHOSTDOWN}}, 503);
+  Response r = api::Json({{"error", why}, {"node", node}, {"errno", EHOSTDOWN}}, 503);
   r.headers.emplace_back("Retry-After", "1");
   return r;
 }
 
-std::string RandomKey() {
-  static std::mutex mu;
-  static std::mt19937_64 rng{std::random_device{}()};
-  std::lock_guard lock(mu);
-  return StrCat("gw-", std::to_string(rng()), "-", std::to_string(rng()));
-}
-
-// The request's query, encoded again for the node.
 std::string Target(const Request& req) {
   std::string target = cache::EncodeUrlPath(req.path);
   char sep = '?';
@@ -68,6 +46,47 @@ std::string Target(const Request& req) {
     sep = '&';
   }
   return target;
+}
+
+Response FromNode(const std::string& node, Response r) {
+  if (r.status == 401) {
+    return api::Json({{"error", "node " + node + " refused this gateway's credential (its --node-token is not a gateway=yes line of the node's tokens file)"},
+                      {"node", node}, {"errno", EACCES}},
+                     502);
+  }
+  return r;
+}
+
+std::optional<std::string> WholeBody(Forwarder::Outcome& out) {
+  std::string body = std::move(out.response.body);
+  if (out.response.stream) {
+    try {
+      out.response.stream([&](std::string_view piece) {
+        body.append(piece);
+        return true;
+      });
+    } catch (const std::exception&) {
+      return std::nullopt;
+    }
+  }
+  return body;
+}
+
+}  // namespace gw
+
+namespace {
+
+using namespace gw;
+
+using api::Json;
+
+Response Fail(const Status& s) { return HttpServer::ErrorResponse(s); }
+
+std::string RandomKey() {
+  static std::mutex mu;
+  static std::mt19937_64 rng{std::random_device{}()};
+  std::lock_guard lock(mu);
+  return StrCat("gw-", std::to_string(rng()), "-", std::to_string(rng()));
 }
 
 // Prometheus text: every series of a node's, with node="NAME" added.
@@ -88,35 +107,6 @@ void AddNodeLabel(const std::string& text, const std::string& node, std::set<std
       *out += StrCat(line.substr(0, space), "{node=\"", node, "\"}", line.substr(space), "\n");
     }
   }
-}
-
-// A node's answer as the caller gets it: the node's refusal of the
-// gateway's own credential is the gateway's problem (502), not a reason
-// for the caller to doubt its token.
-Response FromNode(const std::string& node, Response r) {
-  if (r.status == 401) {
-    return Json({{"error", "node " + node + " refused this gateway's credential (its --node-token is not a gateway=yes line of the node's tokens file)"},
-                 {"node", node}, {"errno", EACCES}},
-                502);
-  }
-  return r;
-}
-
-// A forwarded answer's whole body (one that is not JSON arrives as a
-// stream); nullopt when the node's answer broke off.
-std::optional<std::string> WholeBody(Forwarder::Outcome& out) {
-  std::string body = std::move(out.response.body);
-  if (out.response.stream) {
-    try {
-      out.response.stream([&](std::string_view piece) {
-        body.append(piece);
-        return true;
-      });
-    } catch (const std::exception&) {
-      return std::nullopt;
-    }
-  }
-  return body;
 }
 
 }  // namespace
@@ -268,6 +258,7 @@ Response Gateway::Handle(const Request& req) {
   // Health answers without a token: load balancers and readiness probes
   // have none, and it says nothing a tenant's sandboxes would.
   if (req.method == "GET" && req.path == "/v1/health") return Json(Health());
+  if (e2b::Claims(req)) return E2b(req);  // (gateway_e2b.cc)
   return Answer(
       req, [this](const Request& r) { return auth_.Authenticate(r); },
       [this](const Request& r, const Caller& caller) { return Route(r, caller); });
@@ -352,6 +343,7 @@ Response Gateway::Route(const Request& req, const Caller& caller) {
 }
 
 std::unique_ptr<HttpServer::Upload> Gateway::StartUpload(const Request& req, std::optional<Response>* refusal) {
+  if (e2b::Claims(req)) return E2bUpload(req, refusal);
   const std::string prefix = "/v1/sandboxes/";
   if (req.method != "PUT" || !req.path.starts_with(prefix) || !req.path.ends_with("/files")) return nullptr;
   auto caller = auth_.Authenticate(req);
@@ -403,7 +395,6 @@ Result<std::optional<std::string>> Gateway::NodeWithKey(const std::string& key, 
 }
 
 Response Gateway::Create(const Request& req, const Caller& caller) {
-  ++creates_;
   json body = json::parse(req.body.empty() ? "{}" : req.body, nullptr, false);
   if (body.is_discarded() || !body.is_object()) return Fail(Error(EINVAL, "request body is not a JSON object"));
   PlacementRequest want;
@@ -428,6 +419,11 @@ Response Gateway::Create(const Request& req, const Caller& caller) {
     if (!body["count"].is_number_integer() || body["count"].get<int64_t>() < 1) return Fail(Error(EINVAL, "create: count must be a whole number from 1"));
     want.count = static_cast<int>(std::min<int64_t>(body["count"].get<int64_t>(), 1000000));
   }
+  return Place(req, caller, want);
+}
+
+Response Gateway::Place(const Request& req, const Caller& caller, const PlacementRequest& want) {
+  ++creates_;
   // Every create reaches its node with a key, so the gateway's own retries
   // of one node never make two sandboxes.
   Request forwarded = req;

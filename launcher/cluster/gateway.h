@@ -75,6 +75,9 @@ class Gateway {
   std::unique_ptr<HttpServer::Upload> StartUpload(const HttpServer::Request& request,
                                                   std::optional<HttpServer::Response>* refusal);
   HttpServer::Response Create(const HttpServer::Request& request, const Caller& caller);
+  // A create placed by load and passed on, with an Idempotency-Key, until
+  // a node takes it (/v1's and E2B's alike).
+  HttpServer::Response Place(const HttpServer::Request& request, const Caller& caller, const PlacementRequest& want);
   HttpServer::Response List(const Caller& caller);
   HttpServer::Response Metrics();
   nlohmann::json Health();
@@ -83,6 +86,19 @@ class Gateway {
   // expired).
   Result<NodeState> NodeOf(const std::string& id, std::optional<HttpServer::Response>* answer);
   Forwarder::Call CallFor(const HttpServer::Request& request, const Caller& caller, const NodeState& node);
+  // E2B's API through the gateway (gateway_e2b.cc): its control plane for
+  // the caller of X-API-KEY, its envd calls passed on to the sandbox's
+  // node as they are (that node checks the sandbox's access token).
+  HttpServer::Response E2b(const HttpServer::Request& request);
+  HttpServer::Response E2bControl(const HttpServer::Request& request, const Caller& caller);
+  HttpServer::Response E2bCreate(const HttpServer::Request& request, const Caller& caller);
+  HttpServer::Response E2bList(const HttpServer::Request& request, const Caller& caller);
+  HttpServer::Response E2bEnvd(const HttpServer::Request& request);
+  std::unique_ptr<HttpServer::Upload> E2bUpload(const HttpServer::Request& request,
+                                                std::optional<HttpServer::Response>* refusal);
+  Forwarder::Call EnvdCallFor(const HttpServer::Request& request, const std::string& id, const NodeState& node);
+  // A live node, for calls every node answers alike (templates).
+  std::optional<NodeState> AnyLiveNode();
   // The live node that knows this Idempotency-Key (a retried create), if
   // any; EAGAIN when a live node could not say.
   Result<std::optional<std::string>> NodeWithKey(const std::string& key, const Caller& caller);

@@ -25,6 +25,7 @@
 #include "launcher/e2b/connect.h"
 #include "launcher/e2b/filesystem.pb.h"
 #include "launcher/e2b/process.pb.h"
+#include "launcher/e2b/routes.h"
 #include "launcher/sandbox/ids.h"
 
 namespace strata::launcher::e2b {
@@ -43,15 +44,6 @@ constexpr size_t kMaxPage = 1000;
 
 using api::Dump;
 
-// E2B's REST error: {"code": <HTTP status>, "message": ...}.
-Response RestError(int status, std::string_view message) {
-  Response r;
-  r.status = status;
-  r.body = Dump({{"code", status}, {"message", std::string(message)}});
-  return r;
-}
-Response RestError(const Status& s) { return RestError(HttpServer::HttpStatusFor(s.code()), s.message()); }
-
 // (E2B's answers are /v1's JSON answers.)
 Response RestJson(const json& j, int status = 200) { return api::Json(j, status); }
 
@@ -60,11 +52,6 @@ Response NoContent() {
   r.status = 204;
   r.content_type.clear();
   return r;
-}
-
-std::string Header(const Request& r, const char* name) {
-  auto it = r.headers.find(name);
-  return it == r.headers.end() ? "" : it->second;
 }
 
 std::string Rfc3339(double unix_seconds) {
@@ -78,14 +65,6 @@ std::string Rfc3339(double unix_seconds) {
 
 double NowSeconds() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
-
-// "49983-<id>.<domain>" -> id; empty if the host is not of that form.
-std::string SandboxOfHost(const std::string& host) {
-  const std::string prefix = StrCat(kEnvdPort, "-");
-  if (!host.starts_with(prefix)) return "";
-  const size_t dot = host.find('.', prefix.size());
-  return dot == std::string::npos ? "" : host.substr(prefix.size(), dot - prefix.size());
 }
 
 // Percent-decoding (a list's metadata filter is a query inside the query).
@@ -103,22 +82,9 @@ std::string UrlDecode(std::string_view s) {
   return out;
 }
 
-bool IsSandboxId(const std::string& id) {
-  return !id.empty() && id.size() <= 128 && std::all_of(id.begin(), id.end(), [](char c) {
-    return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-';
-  });
-}
-
 bool IsSafeName(const std::string& name) {
   if (name.empty() || name.size() > 128) return false;
   return std::all_of(name.begin(), name.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-'; });
-}
-
-bool IsControlPath(const std::string& path) {
-  return path == "/sandboxes" || path.starts_with("/sandboxes/") || path == "/v2/sandboxes" ||
-         path.starts_with("/v2/sandboxes/") || path == "/templates" || path.starts_with("/templates/") ||
-         path.starts_with("/v2/templates") || path.starts_with("/v3/templates") || path == "/snapshots" ||
-         path == "/v1/templates" || path.starts_with("/v1/templates/");
 }
 
 // An envd path relative to the user's home, made absolute; refuses NUL and "..".
@@ -209,19 +175,13 @@ Result<std::unique_ptr<Plane>> Plane::Open(LauncherServer& server, const std::st
   }
   Plane* self = p.get();
   server.SetPlane(std::make_shared<LauncherServer::Plane>(LauncherServer::Plane{
-      .claims = [](const Request& r) { return Claims(r); },
+      .claims = [](const Request& r) { return e2b::Claims(r); },
       .handle = [self](const Request& r) { return self->Handle(r); },
       .upload = [self](const Request& r, std::optional<Response>* refusal) { return self->StartUpload(r, refusal); }}));
   return p;
 }
 
 Plane::~Plane() = default;
-
-bool Plane::Claims(const Request& r) {
-  if (r.headers.count("e2b-sandbox-id")) return true;
-  if (auto h = r.headers.find("host"); h != r.headers.end() && !SandboxOfHost(h->second).empty()) return true;
-  return IsControlPath(r.path);
-}
 
 std::string Plane::AccessToken(const std::string& id) const {
   // A keyed hash: the node's secret, then the id (ids are [a-z0-9-], so no
@@ -277,11 +237,12 @@ Response Plane::Handle(const Request& request) {
 }
 
 Result<json> Plane::V1(const std::string& method, const std::string& path, const json& body, const Caller& caller,
-                       int* status) {
+                       int* status, const std::string& idempotency_key) {
   Request r;
   r.method = method;
   r.path = path;
   r.headers["content-type"] = "application/json";
+  if (!idempotency_key.empty()) r.headers["idempotency-key"] = idempotency_key;
   if (!body.is_null()) r.body = Dump(body);
   Response answer = server_.Call(r, caller);
   if (status) *status = answer.status;
@@ -332,7 +293,7 @@ json Plane::Describe(const json& info, bool detail) const {
 Response Plane::Control(const Request& req, const Caller& caller) {
   const json body = req.body.empty() ? json::object() : json::parse(req.body);
   if (!body.is_object()) return RestError(400, req.method + " " + req.path + ": the body is not a JSON object");
-  if ((req.path == "/sandboxes" || req.path == "/v2/sandboxes") && req.method == "POST") return Create(body, caller);
+  if ((req.path == "/sandboxes" || req.path == "/v2/sandboxes") && req.method == "POST") return Create(req, body, caller);
   if ((req.path == "/sandboxes" || req.path == "/v2/sandboxes") && req.method == "GET") return List(req, caller, req.path == "/v2/sandboxes");
   if (req.path == "/snapshots") return RestError(501, "snapshots: not served yet by strata's E2B plane (use /v1 snapshot)");
   // /sandboxes/ID[/verb] and /v2/sandboxes/ID/connect
@@ -390,7 +351,7 @@ Response Plane::Control(const Request& req, const Caller& caller) {
   return RestError(404, "no API " + req.method + " " + req.path);
 }
 
-Response Plane::Create(const json& body, const Caller& caller) {
+Response Plane::Create(const Request& req, const json& body, const Caller& caller) {
   const std::string name = body.value("templateID", "base");
   const auto found = FindTemplate(name);
   if (!found) return RestError(404, "template " + Quote(name) + " not found (launcher template set " + name + " --layer ...)");
@@ -443,7 +404,9 @@ Response Plane::Create(const json& body, const Caller& caller) {
     create["network"] = "open";
   }
   int status = 0;
-  auto made = V1("POST", "/v1/sandboxes", create, caller, &status);
+  // (A create retried with its Idempotency-Key, by a client or a gateway,
+  // answers the sandbox the first attempt made.)
+  auto made = V1("POST", "/v1/sandboxes", create, caller, &status, Header(req, "idempotency-key"));
   if (!made.ok()) {
     Response r = RestError(status >= 400 ? status : 500, made.status().message());
     if (status == 429 || status == 503) r.headers.emplace_back("Retry-After", "1");
@@ -593,14 +556,13 @@ Response Plane::Templates(const Request& req, const Caller& caller) {
 // --- the data plane ----------------------------------------------------------
 
 Result<std::string> Plane::EnvdSandbox(const Request& r) const {
-  std::string id = Header(r, "e2b-sandbox-id");
-  if (id.empty()) id = SandboxOfHost(Header(r, "host"));
+  const std::string id = EnvdSandboxId(r);
   if (id.empty()) return Error(ENOENT, "envd: no E2b-Sandbox-Id header and no sandbox in the Host");
   const std::string token = Header(r, "x-access-token");
   if (token.empty()) return Error(EACCES, "sandbox " + Quote(id) + ": envd calls need its access token (X-Access-Token)");
   // A wrong token is answered as a missing sandbox: whether another
   // tenant's exists is not the caller's to learn.
-  if (!IsSandboxId(id) || !ConstantTimeEqual(token, AccessToken(id)) || !server_.manager().Exists(id)) {
+  if (!IsSandboxId(id) || !ConstantTimeEqual(token, AccessToken(id)) || !server_.manager().Live(id)) {
     return Error(ENOENT, "sandbox " + Quote(id) + " not found");
   }
   return id;
@@ -837,10 +799,10 @@ Response Plane::Rpc(const Request& request, const std::string& id) {
     std::string eid;
     uint32_t pid = 0;
     uint64_t out_offset = 0, err_offset = 0;
+    bool pty = false;  // its output is a terminal's
     if (call->method == "Start") {
       process::StartRequest in;
       if (Status s = Decode(*call, 0, &in); !s.ok()) return fail(s);
-      if (in.has_pty()) return fail(Error(ENOSYS, "process: a pty is not served yet by strata's envd"));
       if (in.process().cmd().empty()) return fail(Error(EINVAL, "process: cmd is empty"));
       ExecRequest exec;
       exec.argv.push_back(in.process().cmd());
@@ -854,6 +816,12 @@ Response Plane::Rpc(const Request& request, const std::string& id) {
       exec.open_stdin = in.has_stdin() && in.stdin();
       exec.merge_env = true;  // (envs go over the sandbox's envVars)
       exec.stdout_cap = exec.stderr_cap = uint64_t{16} << 20;
+      if (in.has_pty()) {
+        const auto& size = in.pty().size();
+        exec.pty = ExecRequest::TerminalSize{static_cast<uint16_t>(std::clamp<uint32_t>(size.cols(), 1, 10000)),
+                                             static_cast<uint16_t>(std::clamp<uint32_t>(size.rows(), 1, 10000))};
+        pty = true;
+      }
       std::string want = in.has_tag() ? "e2b-tag-" + in.tag() : "e2b-" + NewSandboxId().substr(3);
       auto started = manager.StartDetached(id, std::move(exec), want, &pid);
       if (!started.ok()) return fail(started.status());
@@ -867,6 +835,7 @@ Response Plane::Rpc(const Request& request, const std::string& id) {
       pid = e->value("pid", 0u);
       out_offset = e->value("stdout_bytes", uint64_t{0});
       err_offset = e->value("stderr_bytes", uint64_t{0});
+      pty = e->value("pty", false);
     }
     if (pid == 0) {  // (an agent before protocol 6: what it started is not left running unseen)
       if (call->method == "Start") manager.SignalExec(id, eid, SIGKILL).IgnoreError();
@@ -878,7 +847,7 @@ Response Plane::Rpc(const Request& request, const std::string& id) {
     const int64_t keepalive = std::clamp<int64_t>(std::atoll(Header(request, "keepalive-ping-interval").c_str()), 0, 3600);
     Response r;
     r.content_type = StreamContentType(*call);
-    r.stream = [this, id, eid, pid, out_offset, err_offset, watch, keepalive, c = *call](const HttpServer::StreamWriter& write) {
+    r.stream = [this, id, eid, pid, out_offset, err_offset, pty, watch, keepalive, c = *call](const HttpServer::StreamWriter& write) {
       SandboxManager& m = server_.manager();
       auto event = [&](const process::ProcessEvent& e) {
         process::StartResponse answer;  // (StartResponse and ConnectResponse are one shape)
@@ -895,7 +864,8 @@ Response Plane::Rpc(const Request& request, const std::string& id) {
       });
       auto ended = m.Attach(id, eid, out_offset, err_offset, /*follow=*/true, [&](int stream, std::string_view bytes) {
         process::ProcessEvent data;
-        if (stream == 1) data.mutable_data()->set_stdout(std::string(bytes));
+        if (pty) data.mutable_data()->set_pty(std::string(bytes));
+        else if (stream == 1) data.mutable_data()->set_stdout(std::string(bytes));
         else data.mutable_data()->set_stderr(std::string(bytes));
         event(data);
       }, watch->get());
@@ -925,9 +895,8 @@ Response Plane::Rpc(const Request& request, const std::string& id) {
     if (call->method == "SendInput") {
       process::SendInputRequest in;
       if (Status s = Decode(*call, 0, &in); !s.ok()) return fail(s);
-      if (in.input().has_pty()) return fail(Error(ENOSYS, "process: a pty is not served yet by strata's envd"));
       selector = in.process();
-      pieces.push_back(in.input().stdin());
+      pieces.push_back(in.input().has_pty() ? in.input().pty() : in.input().stdin());
     } else if (call->method == "CloseStdin") {
       process::CloseStdinRequest in;
       if (Status s = Decode(*call, 0, &in); !s.ok()) return fail(s);
@@ -942,8 +911,7 @@ Response Plane::Rpc(const Request& request, const std::string& id) {
           selector = in.start().process();
           started = true;
         } else if (in.has_data()) {
-          if (in.data().input().has_pty()) return fail(Error(ENOSYS, "process: a pty is not served yet by strata's envd"));
-          pieces.push_back(in.data().input().stdin());
+          pieces.push_back(in.data().input().has_pty() ? in.data().input().pty() : in.data().input().stdin());
         }
       }
       if (!started) return fail(Error(EINVAL, "process: StreamInput must start with a start event naming the process"));
@@ -982,6 +950,24 @@ Response Plane::Rpc(const Request& request, const std::string& id) {
       if (eid.starts_with("e2b-tag-")) p->set_tag(eid.substr(8));
     }
     return UnaryReply(*call, out);
+  }
+  if (name == "process.Process/Update") {
+    process::UpdateRequest in;
+    if (Status s = Decode(*call, 0, &in); !s.ok()) return ErrorReply(s);
+    auto e = ExecOf(manager, id, in.process());
+    if (!e.ok()) return ErrorReply(e.status());
+    if (in.has_pty()) {
+      if (!e->value("pty", false)) return ErrorReply(Error(EINVAL, StrCat("process ", e->value("pid", 0u), " has no pty to resize")));
+      auto agent = manager.AgentOf(id, "resize a terminal");
+      if (!agent.ok()) return ErrorReply(agent.status());
+      const auto& size = in.pty().size();
+      if (Status s = agent->ResizeExec(e->value("id", ""), {static_cast<uint16_t>(std::clamp<uint32_t>(size.cols(), 1, 10000)),
+                                                            static_cast<uint16_t>(std::clamp<uint32_t>(size.rows(), 1, 10000))});
+          !s.ok()) {
+        return ErrorReply(s);
+      }
+    }
+    return UnaryReply(*call, process::UpdateResponse());
   }
   if (name == "process.Process/SendSignal") {
     process::SendSignalRequest in;

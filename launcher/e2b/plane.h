@@ -18,13 +18,12 @@
 #include <nlohmann/json.hpp>
 
 #include "launcher/api/server.h"
+#include "launcher/e2b/routes.h"
 
 namespace strata::launcher::e2b {
 
 // What envd version the data plane answers as (the SDK gates features on it).
 inline constexpr const char* kEnvdVersion = "0.6.4";
-// The port E2B's clients address envd by.
-inline constexpr int kEnvdPort = 49983;
 // A create without a timeout lives this long (E2B's default).
 inline constexpr int64_t kDefaultTimeoutSeconds = 300;
 
@@ -45,10 +44,6 @@ class Plane {
   static Result<std::unique_ptr<Plane>> Open(LauncherServer& server, const std::string& state_dir);
   ~Plane();
 
-  // Whether `request` is this plane's: E2B's paths, /v1/templates, or an
-  // envd call (E2b-Sandbox-Id, or a Host naming a sandbox).
-  static bool Claims(const HttpServer::Request& request);
-
   // The access token of sandbox `id` (what envd calls must carry).
   std::string AccessToken(const std::string& id) const;
 
@@ -60,13 +55,13 @@ class Plane {
 
   // The control plane, for an authenticated caller.
   HttpServer::Response Control(const HttpServer::Request& request, const Caller& caller);
-  HttpServer::Response Create(const nlohmann::json& body, const Caller& caller);
+  HttpServer::Response Create(const HttpServer::Request& request, const nlohmann::json& body, const Caller& caller);
   HttpServer::Response Connect(const std::string& id, const nlohmann::json& body, const Caller& caller);
   HttpServer::Response List(const HttpServer::Request& request, const Caller& caller, bool v2);
   HttpServer::Response Templates(const HttpServer::Request& request, const Caller& caller);
   // A /v1 call for `caller`: its answer's JSON, or the error it answered.
   Result<nlohmann::json> V1(const std::string& method, const std::string& path, const nlohmann::json& body,
-                            const Caller& caller, int* status = nullptr);
+                            const Caller& caller, int* status = nullptr, const std::string& idempotency_key = "");
   // E2B's description of a sandbox from /v1's (Sandbox, or with `detail`
   // SandboxDetail / ListedSandbox).
   nlohmann::json Describe(const nlohmann::json& info, bool detail) const;

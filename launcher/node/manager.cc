@@ -516,6 +516,13 @@ bool SandboxManager::Exists(const std::string& id) {
   return sandboxes_.count(id) > 0;
 }
 
+bool SandboxManager::Live(const std::string& id) {
+  auto entry = Find(id);
+  if (!entry.ok()) return false;
+  std::lock_guard lock((*entry)->mu);
+  return !(*entry)->gone();
+}
+
 json SandboxManager::List(const std::optional<std::string>& owner) {
   std::vector<std::shared_ptr<Entry>> entries;
   {

@@ -106,8 +106,10 @@ class SandboxManager {
   size_t CountOwned(const std::string& owner);
   // The tenant a sandbox belongs to ("" for the operator's), or ENOENT.
   Result<std::string> Owner(const std::string& id);
-  // Whether the sandbox exists (also while being destroyed: false).
+  // Whether the id is taken (also while the sandbox is made or destroyed).
   bool Exists(const std::string& id);
+  // Whether the sandbox is there to be used: not being made or destroyed.
+  bool Live(const std::string& id);
   IdempotencyKeys& keys() { return *keys_; }
   // Prometheus text format.
   std::string Metrics();

@@ -23,13 +23,17 @@ namespace strata::launcher {
 // kill_leftovers; an older agent ignores them, so the launcher refuses
 // rules for it. 4 added kFreeze (microVMs). 5 added kIdentity (microVMs:
 // a guest restored from a saved state learns who it is). 6 added kFs,
-// kExecInput and "pid" in a detached command's description.
-inline constexpr int kAgentProtocolVersion = 6;
+// kExecInput and "pid" in a detached command's description. 7 added
+// terminals: "pty" on kExec, "pty" in a detached command's description and
+// "size" on kExecInput.
+inline constexpr int kAgentProtocolVersion = 7;
 
 enum class Frame : uint8_t {
   // launcher -> agent
   kExec = 1,      // {"argv": [...], "env": ["K=V"], "cwd": "/", "timeout_ms": 0,
-                  //  "stdout_cap": N, "stderr_cap": N, "stdin": bool, "kill_leftovers": bool}
+                  //  "stdout_cap": N, "stderr_cap": N, "stdin": bool, "kill_leftovers": bool,
+                  //  "pty": {"cols", "rows"} (version 7: its stdin, stdout and stderr are a new
+                  //  terminal of that size; its output comes as stdout)}
                   // With "detach": true (and optional "exec_id", "stdin_b64"):
                   // -> kOk {"exec_id": "...", "pid": N (version 6)} at once; the command is the agent's.
   kStdin = 2,     // bytes for the command's stdin (when "stdin" was true)
@@ -65,8 +69,10 @@ enum class Frame : uint8_t {
   kIdentity = 21,  // {"hostname", "time_ns", "entropy" (hex), "net"?: {"address", "gateway"}}
                    // -> kOk {}: a microVM's agent takes the sandbox's name, the
                    // node's clock, fresh entropy and (once) its network
-  kExecInput = 23,  // {"exec_id", "data_b64"?, "close"?: bool} -> kOk {}: bytes for a detached
-                    // command's stdin (started with "stdin": true and no "stdin_b64"), then maybe EOF
+  kExecInput = 23,  // {"exec_id", "data_b64"?, "close"?: bool, "size"?: {"cols", "rows"}} -> kOk {}:
+                    // bytes for a detached command's stdin (started with "stdin": true and no
+                    // "stdin_b64", or with "pty": its terminal's), then maybe EOF; "size" resizes
+                    // its terminal (version 7)
   kFs = 22,        // {"op": "stat"|"list"|"mkdir"|"move"|"remove", "path": "/abs", "depth": N (list),
                    //  "to": "/abs" (move)} -> kOk {"entry": E} (stat, mkdir, move), {"entries": [E...]}
                    // (list, below path, depth levels), {} (remove: recursive); or kError. E:

@@ -106,6 +106,7 @@ json ExecRequestJson(const ExecRequest& request) {
   if (request.grader) j["grader"] = true;
   if (!request.user.empty()) j["user"] = request.user;
   if (request.user_optional) j["user_optional"] = true;
+  if (request.pty) j["pty"] = {{"cols", request.pty->cols}, {"rows", request.pty->rows}};
   return j;
 }
 
@@ -398,6 +399,12 @@ Status AgentClient::ExecInput(const std::string& exec_id, std::string_view data,
   json req = {{"exec_id", exec_id}, {"close", close}};
   if (!data.empty()) req["data_b64"] = Base64Encode(data);
   return ControlCall(fd.get(), Frame::kExecInput, req).status();
+}
+
+Status AgentClient::ResizeExec(const std::string& exec_id, ExecRequest::TerminalSize size) {
+  STRATA_ASSIGN_OR_RETURN(int raw, Connect(kControlReplyTimeout));
+  UniqueFd fd(raw);
+  return ControlCall(fd.get(), Frame::kExecInput, {{"exec_id", exec_id}, {"size", {{"cols", size.cols}, {"rows", size.rows}}}}).status();
 }
 
 Status AgentClient::SignalExec(const std::string& exec_id, int signal) {

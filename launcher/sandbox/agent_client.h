@@ -37,6 +37,13 @@ struct ExecRequest {
   // version 6); empty: its root.
   std::string user;
   bool user_optional = false;  // a user the image lacks: its root instead
+  // A terminal of this size is the command's stdin, stdout and stderr
+  // (protocol version 7); its output is stdout, and a detached one's input
+  // (ExecInput) and size (ResizeExec) go to the terminal.
+  struct TerminalSize {
+    uint16_t cols = 80, rows = 24;
+  };
+  std::optional<TerminalSize> pty;
   // A function call: fresh pid, mount, ipc, uts (and, unless the sandbox
   // has the host's, network) namespaces, a private /tmp, no privileges.
   bool isolate = false;
@@ -183,6 +190,8 @@ class AgentClient {
   Result<nlohmann::json> Fs(const nlohmann::json& request);
   // Bytes for a detached command's open stdin (protocol version 6), then EOF with `close`.
   Status ExecInput(const std::string& exec_id, std::string_view data, bool close);
+  // A detached command's terminal takes a new size (it was started with a pty).
+  Status ResizeExec(const std::string& exec_id, ExecRequest::TerminalSize size);
   Status SignalExec(const std::string& exec_id, int signal);
   // Asks the agent to kill everything and exit; the sandbox's init is gone after.
   Status Shutdown();

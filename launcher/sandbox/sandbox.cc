@@ -298,8 +298,12 @@ Result<int> Sandbox::AgentVersion() {
 }
 
 Status Sandbox::CheckAgentFor(const ExecRequest& request) {
-  if (request.files.empty() && request.user.empty()) return OkStatus();
+  if (request.files.empty() && request.user.empty() && !request.pty) return OkStatus();
   STRATA_ASSIGN_OR_RETURN(int version, AgentVersion());
+  if (request.pty && version < 7) {
+    return Error(ENOTSUP, StrCat("sandbox ", id_, ": its agent speaks protocol ", version,
+                                 " and would run the command without a terminal; a pty needs 7 (a sandbox created by this strata)"));
+  }
   if (!request.user.empty() && version < 6) {
     return Error(ENOTSUP, StrCat("sandbox ", id_, ": its agent speaks protocol ", version,
                                  " and cannot run a command as a user; that needs 6 (a sandbox created by this strata)"));

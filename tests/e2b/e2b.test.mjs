@@ -1,6 +1,8 @@
 // E2B's own SDK (npm e2b, pinned in tests/npm) against a real strata
 // daemon: the control plane, commands and files, with nothing changed but
-// E2B_API_URL, E2B_SANDBOX_URL and E2B_API_KEY (docs/e2b.md).
+// E2B_API_URL, E2B_SANDBOX_URL and E2B_API_KEY (docs/e2b.md). With
+// STRATA_E2B_THROUGH=gateway the same calls go through a real gateway in
+// front of the node (a cluster of one on a one-member etcd).
 import assert from 'node:assert/strict';
 import { execFile } from 'node:child_process';
 import path from 'node:path';
@@ -9,7 +11,8 @@ import { after, before, describe, test } from 'node:test';
 
 import { Node, requireNpm } from './node.mjs';
 
-const node = new Node();
+const throughGateway = process.env.STRATA_E2B_THROUGH === 'gateway';
+const node = new Node({ cluster: throughGateway });
 let e2b;
 
 before(async () => {
@@ -45,6 +48,42 @@ describe('the control plane', () => {
     assert.equal(await sbx.kill(), true);
     assert.equal(await e2b.Sandbox.kill(sbx.sandboxId), false);
     assert.equal(node.sandboxes().length, 0);
+  });
+
+  test('a list pages by limit and nextToken', async () => {
+    const made = await Promise.all([1, 2, 3].map(() => fresh({ metadata: { page: 'p' } })));
+    try {
+      const pager = e2b.Sandbox.list({ limit: 2, query: { metadata: { page: 'p' } } });
+      const first = await pager.nextItems();
+      assert.equal(first.length, 2);
+      assert.equal(pager.hasNext, true);
+      const second = await pager.nextItems();
+      assert.equal(second.length, 1);
+      assert.equal(pager.hasNext, false);
+      assert.deepEqual([...first, ...second].map((s) => s.sandboxId).sort(), made.map((s) => s.sandboxId).sort());
+    } finally {
+      await Promise.all(made.map((s) => s.kill()));
+    }
+  });
+
+  test('through the gateway, calls are placed and passed on by it', { skip: !throughGateway && 'no gateway in this run' }, async () => {
+    const sbx = await fresh();
+    try {
+      assert.match(sbx.sandboxId, /^sb-n1-/);  // (the one node's name is in its id)
+      assert.equal((await sbx.commands.run('echo via')).stdout, 'via\n');
+      const metrics = await (await fetch(node.url + '/metrics', { headers: { authorization: 'Bearer ' + node.tenant } })).text();
+      const count = (name) => Number(metrics.match(new RegExp(`^${name} (\\d+)`, 'm'))?.[1] ?? 0);
+      assert.ok(count('strata_gateway_creates_total') >= 1, metrics);
+      assert.ok(count('strata_gateway_forwarded_total') >= 3, metrics);
+      // A sandbox id of no node of the cluster, on both planes.
+      const r = await fetch(node.url + '/sandboxes/sb-nowhere-1', { headers: { 'X-API-KEY': node.tenant } });
+      assert.equal(r.status, 404);
+      assert.equal((await r.json()).code, 404);
+      const health = await fetch(node.url + '/health', { headers: { 'E2b-Sandbox-Id': 'sb-nowhere-1', 'X-Access-Token': 'x' } });
+      assert.equal(health.status, 502);
+    } finally {
+      await sbx.kill();
+    }
   });
 
   test('an unknown template is a clear error, and no sandbox is made', async () => {
@@ -171,6 +210,58 @@ describe('commands', () => {
   });
 });
 
+describe('pty', () => {
+  let sbx;
+  before(async () => { sbx = await fresh(); });
+  after(async () => { await sbx.kill(); });
+
+  // A terminal's output so far, and a wait until it shows `pattern`.
+  function screen() {
+    const text = { all: '' };
+    const decoder = new TextDecoder();
+    text.onData = (bytes) => { text.all += decoder.decode(bytes, { stream: true }); };
+    text.until = async (pattern) => {
+      const end = Date.now() + 10_000;
+      while (!pattern.test(text.all)) {
+        if (Date.now() > end) throw new Error(`no ${pattern} on the terminal: ${JSON.stringify(text.all)}`);
+        await new Promise((r) => setTimeout(r, 20));
+      }
+    };
+    return text;
+  }
+
+  test('a terminal: its size, input and output, a resize, reconnecting, kill', async () => {
+    const out = screen();
+    const term = await sbx.pty.create({ cols: 80, rows: 24, onData: out.onData, timeoutMs: 0 });
+    assert.ok(term.pid > 0);
+    const type = (text) => sbx.pty.sendInput(term.pid, new TextEncoder().encode(text));
+    // (The shell echoes what is typed: each answer is one the echo cannot show.)
+    await type('stty size; tty; echo "v=$((6*7)) $TERM"\n');
+    await out.until(/v=42 xterm-256color/);
+    assert.match(out.all, /24 80/);
+    assert.match(out.all, /\/dev\/pts\/\d+/);
+    await sbx.pty.resize(term.pid, { cols: 100, rows: 30 });
+    await type('stty size\n');
+    await out.until(/30 100/);
+    // Another client joins the same terminal and sees what comes next.
+    const later = screen();
+    const joined = await sbx.pty.connect(term.pid, { onData: later.onData });
+    await type('echo "w=$((7*8))"\n');
+    await later.until(/w=56/);
+    assert.ok((await sbx.commands.list()).some((p) => p.pid === term.pid));
+    assert.equal(await sbx.pty.kill(term.pid), true);
+    await assert.rejects(term.wait(), e2b.CommandExitError);
+    await assert.rejects(joined.wait(), e2b.CommandExitError);
+    assert.equal(await sbx.pty.kill(term.pid), false);
+  });
+
+  test('resizing a command without a terminal is an error', async () => {
+    const h = await sbx.commands.run('sleep 5', { background: true });
+    await assert.rejects(sbx.pty.resize(h.pid, { cols: 10, rows: 10 }), /no pty/);
+    await sbx.commands.kill(h.pid);
+  });
+});
+
 describe('files', () => {
   let sbx;
   before(async () => { sbx = await fresh(); });
@@ -289,7 +380,7 @@ describe('the data plane refuses what it must', () => {
   });
 });
 
-describe('over TLS', () => {
+describe('over TLS', { skip: throughGateway && 'the node\'s own listener (the gateway run covers the other calls)' }, () => {
   const secure = new Node({ tls: true });
   before(async () => { await secure.start(); });
   after(async () => { await secure.stop(); });
