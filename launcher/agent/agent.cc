@@ -123,6 +123,7 @@ void Agent::HandleRequest(int fd) {
     case Frame::kGetTree: s = GetTree(conn.get(), *req); break;
     case Frame::kFs: s = Fs(conn.get(), *req); break;
     case Frame::kExecInput: s = ExecInput(conn.get(), *req); break;
+    case Frame::kWatch: s = Watch(conn.get(), *req); break;
     case Frame::kShutdown: {
       {
         std::lock_guard lock(mu_);

@@ -121,6 +121,7 @@ class Agent {
   Status GetTree(int conn, const nlohmann::json& request);
   Status Fs(int conn, const nlohmann::json& request);  // fs_ops.cc
   Status ExecInput(int conn, const nlohmann::json& request);
+  Status Watch(int conn, const nlohmann::json& request);  // watch.cc
   // Waits for child `pid` (registered before it could exit) to be reaped.
   int WaitChild(pid_t pid);
   // The seccomp program each function call loads (read once); null when

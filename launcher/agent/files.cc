@@ -26,7 +26,7 @@ Status Agent::Put(int conn, const json& req) {
   if (path.empty() || path[0] != '/') return SendError(conn, Error(EINVAL, "put: path must be absolute"));
   // Into a temporary file beside the target, renamed over it only once
   // every byte is in: a transfer cut short leaves the target as it was.
-  const std::string tmp = StrCat(Dirname(path), "/.strata-put-", ::getpid(), "-", ::syscall(SYS_gettid));
+  const std::string tmp = StrCat(Dirname(path), "/", agent::kPutTempPrefix, ::getpid(), "-", ::syscall(SYS_gettid));
   Status s = agent::MakeDirsAs(Dirname(path), req.contains("uid") ? "" : req.value("user", ""));
   UniqueFd fd;
   // A file that is itself a file rule's path is written in place: renaming

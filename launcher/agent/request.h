@@ -16,6 +16,10 @@ Status SendError(int conn, const Status& s);
 // A request's JSON object; EINVAL for anything else.
 Result<nlohmann::json> ParseJson(const std::string& payload);
 
+// The names a put writes into before it renames the file into place
+// (files.cc); a watch does not show them (watch.cc).
+inline constexpr const char* kPutTempPrefix = ".strata-put-";
+
 // A user of the sandbox's own /etc/passwd: its ids and home (fs_ops.cc).
 struct User {
   uint32_t uid = 0, gid = 0;

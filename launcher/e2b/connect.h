@@ -6,8 +6,12 @@
 // is already whole (HTTP/1.1 cannot interleave it with the answer).
 #pragma once
 
+#include <condition_variable>
 #include <cstdint>
+#include <functional>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <string_view>
 #include <vector>
 
@@ -90,5 +94,38 @@ std::string StreamContentType(const Call& call);
 
 // One envelope: flags (0x02: the end of a stream), length, data.
 std::string Envelope(uint8_t flags, std::string_view data);
+
+// A stream's keepalive: calls `tick` every `seconds` (the client's
+// Keepalive-Ping-Interval) on a thread of its own until stopped (or
+// destroyed); 0: never.
+class KeepAlive {
+ public:
+  KeepAlive(int64_t seconds, std::function<void()> tick) {
+    if (seconds <= 0) return;
+    thread_ = std::thread([this, seconds, tick = std::move(tick)] {
+      std::unique_lock lock(mu_);
+      while (!cv_.wait_for(lock, std::chrono::seconds(seconds), [&] { return stop_; })) {
+        lock.unlock();
+        tick();
+        lock.lock();
+      }
+    });
+  }
+  ~KeepAlive() { Stop(); }
+  void Stop() {
+    {
+      std::lock_guard lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  std::thread thread_;
+};
 
 }  // namespace strata::launcher::e2b

@@ -87,29 +87,6 @@ bool IsSafeName(const std::string& name) {
   return std::all_of(name.begin(), name.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-'; });
 }
 
-// An envd path relative to the user's home, made absolute; refuses NUL and "..".
-Result<std::string> EnvdPath(std::string path, const std::string& user) {
-  if (path.find('\0') != std::string::npos) return Error(EINVAL, "path holds a NUL byte");
-  if (path.empty()) return Error(EINVAL, "path is empty");
-  if (path[0] != '/') path = (user == "root" ? "/root/" : "/home/" + user + "/") + path;
-  for (const auto& part : Split(path, '/')) {
-    if (part == "..") return Error(EINVAL, "path " + Quote(path) + " holds \"..\"");
-  }
-  return path;
-}
-
-// The user an envd call names: Authorization: Basic base64("<user>:"),
-// or a `username` query, else "user".
-std::string EnvdUser(const Request& r) {
-  if (auto q = r.query.find("username"); q != r.query.end() && !q->second.empty()) return q->second;
-  const std::string auth = Header(r, "authorization");
-  if (auth.starts_with("Basic ")) {
-    auto decoded = Base64Decode(auth.substr(6));
-    if (decoded && !decoded->empty()) return decoded->substr(0, decoded->find(':'));
-  }
-  return "user";
-}
-
 process::ProcessEvent::EndEvent EndOf(const ExecResult& r) {
   process::ProcessEvent::EndEvent end;
   end.set_exited(r.signal == 0);
@@ -714,38 +691,6 @@ std::unique_ptr<HttpServer::Upload> Plane::StartUpload(const Request& request, s
 
 namespace {
 
-// Calls `tick` every `seconds` on a thread of its own until stopped (or
-// destroyed); 0: never.
-class KeepAlive {
- public:
-  KeepAlive(int64_t seconds, std::function<void()> tick) {
-    if (seconds <= 0) return;
-    thread_ = std::thread([this, seconds, tick = std::move(tick)] {
-      std::unique_lock lock(mu_);
-      while (!cv_.wait_for(lock, std::chrono::seconds(seconds), [&] { return stop_; })) {
-        lock.unlock();
-        tick();
-        lock.lock();
-      }
-    });
-  }
-  ~KeepAlive() { Stop(); }
-  void Stop() {
-    {
-      std::lock_guard lock(mu_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    if (thread_.joinable()) thread_.join();
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool stop_ = false;
-  std::thread thread_;
-};
-
 // An exec of the sandbox by the pid E2B knows it by.
 Result<json> ExecOfPid(SandboxManager& manager, const std::string& id, uint32_t pid) {
   STRATA_ASSIGN_OR_RETURN(json list, manager.ListExecs(id));
@@ -933,6 +878,10 @@ Response Plane::Rpc(const Request& request, const std::string& id) {
     r.content_type = StreamContentType(*call);
     r.body = StreamMessage(*call, process::StreamInputResponse()) + StreamEnd();
     return r;
+  }
+  if (call->service == "filesystem.Filesystem" && (call->method == "WatchDir" || call->method == "CreateWatcher" ||
+                                                   call->method == "GetWatcherEvents" || call->method == "RemoveWatcher")) {
+    return Watch(request, *call, id);  // (watch.cc)
   }
   if (call->streaming) return fail(Error(ENOSYS, "envd: " + name + " is not a streaming call strata serves"));
   if (name == "process.Process/List") {

@@ -22,6 +22,9 @@
 
 namespace strata::launcher::e2b {
 
+struct Call;
+class Watcher;
+
 // What envd version the data plane answers as (the SDK gates features on it).
 inline constexpr const char* kEnvdVersion = "0.6.4";
 // A create without a timeout lives this long (E2B's default).
@@ -71,6 +74,8 @@ class Plane {
   HttpServer::Response Envd(const HttpServer::Request& request);
   HttpServer::Response Rpc(const HttpServer::Request& request, const std::string& id);
   HttpServer::Response GetFile(const HttpServer::Request& request, const std::string& id);
+  // WatchDir, and the polled watchers' calls (watch.cc).
+  HttpServer::Response Watch(const HttpServer::Request& request, const Call& call, const std::string& id);
 
   std::optional<Template> FindTemplate(const std::string& name);
   Status SaveTemplates();
@@ -80,6 +85,8 @@ class Plane {
   std::string secret_;
   std::mutex mu_;
   std::map<std::string, Template> templates_;
+  std::mutex watchers_mu_;
+  std::map<std::string, std::shared_ptr<Watcher>> watchers_;  // polled watchers, by id
 };
 
 }  // namespace strata::launcher::e2b

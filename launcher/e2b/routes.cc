@@ -39,6 +39,29 @@ bool IsSandboxId(const std::string& id) {
   });
 }
 
+// An envd path relative to the user's home, made absolute; refuses NUL and "..".
+Result<std::string> EnvdPath(std::string path, const std::string& user) {
+  if (path.find('\0') != std::string::npos) return Error(EINVAL, "path holds a NUL byte");
+  if (path.empty()) return Error(EINVAL, "path is empty");
+  if (path[0] != '/') path = (user == "root" ? "/root/" : "/home/" + user + "/") + path;
+  for (const auto& part : Split(path, '/')) {
+    if (part == "..") return Error(EINVAL, "path " + Quote(path) + " holds \"..\"");
+  }
+  return path;
+}
+
+// The user an envd call names: Authorization: Basic base64("<user>:"),
+// or a `username` query, else "user".
+std::string EnvdUser(const HttpServer::Request& r) {
+  if (auto q = r.query.find("username"); q != r.query.end() && !q->second.empty()) return q->second;
+  const std::string auth = Header(r, "authorization");
+  if (auth.starts_with("Basic ")) {
+    auto decoded = Base64Decode(auth.substr(6));
+    if (decoded && !decoded->empty()) return decoded->substr(0, decoded->find(':'));
+  }
+  return "user";
+}
+
 HttpServer::Response RestError(int status, std::string_view message) {
   HttpServer::Response r;
   r.status = status;

@@ -32,6 +32,12 @@ bool IsSandboxId(const std::string& id);
 // A header's value, "" when absent (names are lowercase).
 std::string Header(const HttpServer::Request& r, const char* name);
 
+// An envd path relative to the user's home, made absolute; refuses NUL and "..".
+Result<std::string> EnvdPath(std::string path, const std::string& user);
+// The user an envd call names: Authorization: Basic base64("<user>:"),
+// or a `username` query, else "user".
+std::string EnvdUser(const HttpServer::Request& r);
+
 // E2B's REST error: {"code": <HTTP status>, "message": ...}.
 HttpServer::Response RestError(int status, std::string_view message);
 HttpServer::Response RestError(const Status& s);

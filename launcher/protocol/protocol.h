@@ -25,7 +25,7 @@ namespace strata::launcher {
 // a guest restored from a saved state learns who it is). 6 added kFs,
 // kExecInput and "pid" in a detached command's description. 7 added
 // terminals: "pty" on kExec, "pty" in a detached command's description and
-// "size" on kExecInput.
+// "size" on kExecInput; and directory watches (kWatch, kWatchEvent).
 inline constexpr int kAgentProtocolVersion = 7;
 
 enum class Frame : uint8_t {
@@ -78,6 +78,13 @@ enum class Frame : uint8_t {
                    // (list, below path, depth levels), {} (remove: recursive); or kError. E:
                    // {"name", "path", "type": "file"|"dir"|"symlink", "size", "mode", "permissions",
                    //  "owner", "group", "mtime_ns", "target"?}
+  kWatch = 24,     // {"path": "/abs/dir", "recursive": bool} -> kOk {}, then a kWatchEvent per
+                   // change below it as it comes, until the launcher hangs up; or kError. It
+                   // ends with kOk {"ended": why} when the directory goes, kError when events
+                   // were lost (version 7)
+  // agent -> launcher
+  kWatchEvent = 25,  // {"name": "a/b" (below the watched directory), "type": "create"|"write"|
+                     //  "remove"|"rename"|"chmod"}
   // both ways
   kData = 32,     // file bytes
   kDataEnd = 33,

@@ -401,6 +401,37 @@ Status AgentClient::ExecInput(const std::string& exec_id, std::string_view data,
   return ControlCall(fd.get(), Frame::kExecInput, req).status();
 }
 
+Status AgentClient::Watch(const std::string& path, bool recursive, const std::function<void()>& started,
+                          const std::function<bool(const json&)>& on_event, int cancel_fd) {
+  STRATA_ASSIGN_OR_RETURN(int raw, Connect(kControlReplyTimeout));
+  UniqueFd fd(raw);
+  STRATA_RETURN_IF_ERROR(WriteFrame(fd.get(), Frame::kWatch, json{{"path", path}, {"recursive", recursive}}.dump()));
+  bool running = false;
+  while (true) {
+    if (cancel_fd >= 0) {
+      pollfd p[2] = {{fd.get(), POLLIN, 0}, {cancel_fd, HangupEvents(cancel_fd), 0}};
+      while (::poll(p, 2, -1) < 0 && errno == EINTR) {
+      }
+      if (!(p[0].revents & POLLIN) && HungUp(p[1])) return Error(ECANCELED, "watch " + path + ": the caller went away");
+    }
+    Frame type;
+    std::string payload;
+    Status s = ReadFrame(fd.get(), &type, &payload);
+    if (!s.ok()) return s.Annotate("watch " + path + ": the agent went away (the sandbox ended?)");
+    if (type == Frame::kError) return ParseErrorFrame(payload);
+    if (type == Frame::kOk && !running) {
+      running = true;
+      started();
+      continue;
+    }
+    if (type == Frame::kOk) return OkStatus();  // {"ended": why}
+    if (type != Frame::kWatchEvent || !running) return Error(EPROTO, StrCat("agent: unexpected frame ", static_cast<int>(type), " during a watch"));
+    json event = json::parse(payload, nullptr, false);
+    if (!event.is_object()) return Error(EPROTO, "agent: a watch event that is not a JSON object");
+    if (!on_event(event)) return OkStatus();
+  }
+}
+
 Status AgentClient::ResizeExec(const std::string& exec_id, ExecRequest::TerminalSize size) {
   STRATA_ASSIGN_OR_RETURN(int raw, Connect(kControlReplyTimeout));
   UniqueFd fd(raw);

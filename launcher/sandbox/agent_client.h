@@ -190,6 +190,12 @@ class AgentClient {
   Result<nlohmann::json> Fs(const nlohmann::json& request);
   // Bytes for a detached command's open stdin (protocol version 6), then EOF with `close`.
   Status ExecInput(const std::string& exec_id, std::string_view data, bool close);
+  // Watches directory `path` (and, recursive, all below it; protocol 7):
+  // `started` once the watch is in place, then `on_event` with each
+  // change's {"name" (below path), "type"} as it comes, until it returns
+  // false, `cancel_fd` hangs up (ECANCELED), or the directory goes (ok).
+  Status Watch(const std::string& path, bool recursive, const std::function<void()>& started,
+               const std::function<bool(const nlohmann::json&)>& on_event, int cancel_fd);
   // A detached command's terminal takes a new size (it was started with a pty).
   Status ResizeExec(const std::string& exec_id, ExecRequest::TerminalSize size);
   Status SignalExec(const std::string& exec_id, int signal);

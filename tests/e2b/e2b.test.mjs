@@ -316,6 +316,62 @@ describe('files', () => {
   test('a missing file is NotFoundError', async () => {
     await assert.rejects(sbx.files.read('/no/such/file'), e2b.FileNotFoundError);
   });
+
+  // Until `events` has one of each [type, name] in `want`.
+  async function seen(events, want) {
+    const end = Date.now() + 10_000;
+    const has = ([type, name]) => events.some((e) => e.type === type && e.name === name);
+    while (!want.every(has)) {
+      if (Date.now() > end) throw new Error(`missing ${JSON.stringify(want.filter((w) => !has(w)))} in ${JSON.stringify(events)}`);
+      await new Promise((r) => setTimeout(r, 20));
+    }
+  }
+
+  test('watchDir: events as they come, into directories made later, until stopped', async () => {
+    await sbx.files.makeDir('watched');
+    const events = [];
+    const handle = await sbx.files.watchDir('watched', (e) => events.push(e), { recursive: true });
+    await sbx.files.write('watched/a.txt', 'one');
+    await sbx.commands.run('mkdir watched/sub && sleep 0.2 && echo x > watched/sub/b.txt && chmod 600 watched/a.txt && ' +
+      'mv watched/a.txt watched/c.txt && rm watched/c.txt');
+    await seen(events, [['create', 'a.txt'], ['write', 'a.txt'], ['create', 'sub'], ['create', 'sub/b.txt'], ['chmod', 'a.txt'],
+      ['rename', 'a.txt'], ['create', 'c.txt'], ['remove', 'c.txt']]);
+    await handle.stop();
+    const count = events.length;
+    await sbx.files.write('watched/after.txt', 'unseen');
+    await new Promise((r) => setTimeout(r, 200));
+    assert.equal(events.length, count, 'an event after stop');
+    await assert.rejects(sbx.files.watchDir('no-such-dir', () => {}), e2b.NotFoundError);
+  });
+
+  test('a polled watcher: CreateWatcher, GetWatcherEvents, RemoveWatcher', async () => {
+    const detail = await (await fetch(`${node.url}/sandboxes/${sbx.sandboxId}`, { headers: { 'X-API-KEY': node.tenant } })).json();
+    const rpc = async (method, body) => {
+      const r = await fetch(`${node.url}/filesystem.Filesystem/${method}`, {
+        method: 'POST', body: JSON.stringify(body),
+        headers: { 'content-type': 'application/json', 'connect-protocol-version': '1', 'E2b-Sandbox-Id': sbx.sandboxId, 'X-Access-Token': detail.envdAccessToken },
+      });
+      return { status: r.status, body: await r.json() };
+    };
+    await sbx.files.makeDir('polled');
+    const made = await rpc('CreateWatcher', { path: 'polled' });
+    assert.equal(made.status, 200, JSON.stringify(made.body));
+    const id = made.body.watcherId;
+    assert.match(id, /^w-/);
+    await sbx.files.write('polled/x.txt', 'x');
+    const events = [];
+    const end = Date.now() + 10_000;
+    while (!events.some((e) => e.name === 'x.txt' && e.type === 'EVENT_TYPE_WRITE') && Date.now() < end) {
+      events.push(...((await rpc('GetWatcherEvents', { watcherId: id })).body.events ?? []));
+      await new Promise((r) => setTimeout(r, 50));
+    }
+    assert.ok(events.some((e) => e.name === 'x.txt' && e.type === 'EVENT_TYPE_CREATE'), JSON.stringify(events));
+    assert.equal((await rpc('RemoveWatcher', { watcherId: id })).status, 200);
+    const again = await rpc('GetWatcherEvents', { watcherId: id });
+    assert.equal(again.status, 404);
+    assert.equal(again.body.code, 'not_found');
+    assert.equal((await rpc('CreateWatcher', { path: 'polled/../..' })).status, 400);
+  });
 });
 
 describe('the data plane refuses what it must', () => {
