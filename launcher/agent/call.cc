@@ -503,6 +503,20 @@ const std::string* Agent::CallSeccomp() {
   return &call_seccomp_;
 }
 
+namespace agent {
+
+Result<struct winsize> TerminalSize(const json& size) {
+  struct winsize ws {};
+  if (!size.is_object()) return Error(EINVAL, "a terminal's size must be {\"cols\": N, \"rows\": N}");
+  const json cols = size.value("cols", json(80)), rows = size.value("rows", json(24));
+  if (!cols.is_number_unsigned() || !rows.is_number_unsigned()) return Error(EINVAL, "a terminal's cols and rows must be whole numbers");
+  ws.ws_col = static_cast<unsigned short>(std::clamp<uint64_t>(cols.get<uint64_t>(), 1, 10000));
+  ws.ws_row = static_cast<unsigned short>(std::clamp<uint64_t>(rows.get<uint64_t>(), 1, 10000));
+  return ws;
+}
+
+}  // namespace agent
+
 Result<Agent::Started> Agent::Start(const json& req, bool want_stdin) {
   std::vector<std::string> argv, env;
   try {
@@ -585,13 +599,9 @@ Result<Agent::Started> Agent::Start(const json& req, bool want_stdin) {
   if (req.contains("pty")) {
     if (isolate) return Error(ENOTSUP, "exec: pty: a function call has no terminal");
     if (started.kill_leftovers) return Error(ENOTSUP, "exec: pty: kill_leftovers moves the command out of the terminal's session");
-    struct winsize size {};
-    try {
-      size.ws_col = static_cast<unsigned short>(std::clamp<int>(req["pty"].value("cols", 80), 1, 10000));
-      size.ws_row = static_cast<unsigned short>(std::clamp<int>(req["pty"].value("rows", 24), 1, 10000));
-    } catch (const json::exception&) {
-      return Error(EINVAL, "exec: pty must be {\"cols\": N, \"rows\": N}");
-    }
+    auto pty_size = agent::TerminalSize(req["pty"]);
+    if (!pty_size.ok()) return pty_size.status().Annotate("exec: pty");
+    struct winsize size = *pty_size;
     pty_master.reset(::posix_openpt(O_RDWR | O_NOCTTY | O_CLOEXEC));
     if (!pty_master) return ErrnoError(errno, "exec: pty: open /dev/ptmx");
     char name[64];

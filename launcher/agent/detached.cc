@@ -6,7 +6,6 @@
 #include <sys/ioctl.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <chrono>
 #include <memory>
 
@@ -191,10 +190,9 @@ Status Agent::ExecInput(int conn, const json& req) {
   std::lock_guard lock(d->in_mu);
   if (req.contains("size")) {  // {"cols", "rows"}: its terminal's new size
     if (!d->pty) return SendError(conn, Error(ENOTTY, "exec " + d->id + ": it has no terminal (started without \"pty\") or ended"));
-    struct winsize size {};
-    size.ws_col = static_cast<unsigned short>(std::clamp<int>(req["size"].value("cols", 80), 1, 10000));
-    size.ws_row = static_cast<unsigned short>(std::clamp<int>(req["size"].value("rows", 24), 1, 10000));
-    if (::ioctl(d->pty.get(), TIOCSWINSZ, &size) != 0) return SendError(conn, ErrnoError(errno, "exec " + d->id + ": resize its terminal"));
+    auto size = agent::TerminalSize(req["size"]);
+    if (!size.ok()) return SendError(conn, size.status().Annotate("exec " + d->id + ": resize"));
+    if (::ioctl(d->pty.get(), TIOCSWINSZ, &*size) != 0) return SendError(conn, ErrnoError(errno, "exec " + d->id + ": resize its terminal"));
     if (!req.contains("data_b64") && !req.value("close", false)) return WriteFrame(conn, Frame::kOk, "{}");
   }
   if (!d->in) return SendError(conn, Error(EPIPE, "exec " + d->id + ": its stdin is closed (or was never kept open)"));

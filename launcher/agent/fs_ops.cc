@@ -50,19 +50,6 @@ std::map<uint32_t, std::string> Names(const char* file) {
   return names;
 }
 
-// The names in directory `dir` but "." and "..", sorted.
-Result<std::vector<std::string>> DirNames(const std::string& dir, const char* what) {
-  DIR* d = ::opendir(dir.c_str());
-  if (!d) return ErrnoError(errno, StrCat(what, " ", dir));
-  std::vector<std::string> names;
-  while (dirent* e = ::readdir(d)) {
-    const std::string name = e->d_name;
-    if (name != "." && name != "..") names.push_back(name);
-  }
-  ::closedir(d);
-  std::sort(names.begin(), names.end());
-  return names;
-}
 
 std::string Permissions(mode_t mode) {
   std::string p = S_ISDIR(mode) ? "d" : S_ISLNK(mode) ? "L" : "-";
@@ -98,7 +85,7 @@ struct Describer {
   }
 
   Status List(const std::string& dir, uint32_t depth, json* out, size_t* bytes) const {
-    STRATA_ASSIGN_OR_RETURN(auto names, DirNames(dir, "list"));
+    STRATA_ASSIGN_OR_RETURN(auto names, agent::DirNames(dir, "list"));
     for (const auto& name : names) {
       const std::string path = dir == "/" ? "/" + name : dir + "/" + name;
       auto entry = Entry(path);
@@ -122,7 +109,7 @@ Status RemoveTree(const std::string& path) {
   struct stat st;
   if (::lstat(path.c_str(), &st) != 0) return ErrnoError(errno, "remove " + path);
   if (!S_ISDIR(st.st_mode)) return ::unlink(path.c_str()) == 0 ? OkStatus() : ErrnoError(errno, "remove " + path);
-  STRATA_ASSIGN_OR_RETURN(auto names, DirNames(path, "remove"));
+  STRATA_ASSIGN_OR_RETURN(auto names, agent::DirNames(path, "remove"));
   for (const auto& name : names) STRATA_RETURN_IF_ERROR(RemoveTree(path + "/" + name));
   return ::rmdir(path.c_str()) == 0 ? OkStatus() : ErrnoError(errno, "remove " + path);
 }
@@ -138,6 +125,20 @@ bool Absolute(const std::string& path) {
 }  // namespace
 
 namespace agent {
+
+// The names in directory `dir` but "." and "..", sorted.
+Result<std::vector<std::string>> DirNames(const std::string& dir, const char* what) {
+  DIR* d = ::opendir(dir.c_str());
+  if (!d) return ErrnoError(errno, StrCat(what, " ", dir));
+  std::vector<std::string> names;
+  while (dirent* e = ::readdir(d)) {
+    const std::string name = e->d_name;
+    if (name != "." && name != "..") names.push_back(name);
+  }
+  ::closedir(d);
+  std::sort(names.begin(), names.end());
+  return names;
+}
 
 Result<User> LookupUser(const std::string& name) {
   for (const auto& f : Records("/etc/passwd", 6)) {

@@ -2,7 +2,6 @@
 // directory (and, recursive, every directory below it, also those made
 // later), its events sent as they come until the launcher hangs up or the
 // directory goes.
-#include <dirent.h>
 #include <poll.h>
 #include <sys/inotify.h>
 #include <sys/stat.h>
@@ -48,23 +47,28 @@ struct Watches {
     if (wd < 0) return ErrnoError(errno, "watch " + path);
     dirs[wd] = rel;
     if (!recursive) return OkStatus();
-    DIR* d = ::opendir(path.c_str());
-    if (!d) return OkStatus();  // (gone again already)
-    std::vector<std::string> subdirs;
-    while (dirent* e = ::readdir(d)) {
-      const std::string name = e->d_name;
-      if (name == "." || name == "..") continue;
+    auto names = agent::DirNames(path, "watch");
+    if (!names.ok()) return OkStatus();  // (gone again already)
+    for (const auto& name : *names) {
       struct stat st;
-      if (e->d_type == DT_DIR || (e->d_type == DT_UNKNOWN && ::lstat((path + "/" + name).c_str(), &st) == 0 && S_ISDIR(st.st_mode))) {
-        subdirs.push_back(rel.empty() ? name : rel + "/" + name);
-      }
-    }
-    ::closedir(d);
-    for (const auto& sub : subdirs) {
-      Status s = Add(sub);
-      if (!s.ok() && s.code() != ENOENT) return s;
+      if (::lstat((path + "/" + name).c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) continue;
+      Status s = Add(rel.empty() ? name : rel + "/" + name);
+      if (!s.ok() && s.code() != ENOENT && s.code() != ENOTDIR) return s;
     }
     return OkStatus();
+  }
+
+  // Stops watching `rel` and what is below it (a directory moved away:
+  // its watches would name it by where it was).
+  void Drop(const std::string& rel) {
+    for (auto it = dirs.begin(); it != dirs.end();) {
+      if (it->second == rel || it->second.starts_with(rel + "/")) {
+        ::inotify_rm_watch(fd, it->first);
+        it = dirs.erase(it);
+      } else {
+        ++it;
+      }
+    }
   }
 };
 
@@ -104,12 +108,11 @@ Status Agent::Watch(int conn, const json& req) {
     for (ssize_t off = 0; off < n;) {
       const auto* e = reinterpret_cast<const inotify_event*>(buf + off);
       off += static_cast<ssize_t>(sizeof(inotify_event) + e->len);
+      if (e->mask & IN_Q_OVERFLOW) {  // (of no watch: its wd is -1)
+        return SendError(conn, Error(EOVERFLOW, "watch " + path + ": events were lost (the kernel's queue overflowed)"));
+      }
       auto dir = w.dirs.find(e->wd);
       if (dir == w.dirs.end()) continue;
-      if (e->mask & IN_Q_OVERFLOW) {
-        STRATA_RETURN_IF_ERROR(WriteFrame(conn, Frame::kError, json{{"error", "watch " + path + ": events were lost (the kernel's queue overflowed)"}, {"errno", EOVERFLOW}}.dump()));
-        return OkStatus();
-      }
       if (e->mask & IN_IGNORED) {
         w.dirs.erase(dir);
         continue;
@@ -127,12 +130,10 @@ Status Agent::Watch(int conn, const json& req) {
       }
       const bool put = (e->mask & IN_MOVED_TO) && put_moves.erase(e->cookie) > 0;
       const std::string rel = dir->second.empty() ? name : name.empty() ? dir->second : dir->second + "/" + name;
+      if (w.recursive && (e->mask & IN_ISDIR) && (e->mask & IN_MOVED_FROM)) w.Drop(rel);
       if (w.recursive && (e->mask & IN_ISDIR) && (e->mask & (IN_CREATE | IN_MOVED_TO))) {
         Status s = w.Add(rel);
-        if (!s.ok() && s.code() != ENOENT) {
-          WriteFrame(conn, Frame::kError, json{{"error", s.message()}, {"errno", s.code()}}.dump()).IgnoreError();
-          return OkStatus();
-        }
+        if (!s.ok() && s.code() != ENOENT && s.code() != ENOTDIR) return SendError(conn, s);
       }
       const char* type = TypeOf(e->mask);
       if (!type) continue;

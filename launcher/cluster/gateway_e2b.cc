@@ -57,13 +57,13 @@ bool HasDotSegment(const std::string& path) {
 }  // namespace
 
 std::optional<Gateway::NodeState> Gateway::AnyLiveNode() {
-  for (const auto& [name, state] : *view()) {
+  auto v = view();
+  std::optional<NodeState> cordoned;  // (one that only takes no new sandboxes still answers)
+  for (const auto& [name, state] : *v) {
     if (state.live && !state.cordoned) return state;
+    if (state.live && !cordoned) cordoned = state;
   }
-  for (const auto& [name, state] : *view()) {
-    if (state.live) return state;
-  }
-  return std::nullopt;
+  return cordoned;
 }
 
 Response Gateway::E2b(const Request& req) {
@@ -126,8 +126,6 @@ Response Gateway::E2bCreate(const Request& req, const Caller& caller) {
   ask.method = "GET";
   ask.path = "/v1/templates/" + name.get<std::string>();
   Forwarder::Call call = CallFor(ask, caller, *node);
-  call.body.clear();
-  call.client_fd.reset();
   call.timeout = gw::kProbeTimeout;
   auto out = forwarder_->Forward(std::move(call));
   if (!out.error.ok()) return RestError(503, "create: ask node " + node->record.name + " for template " + Quote(name.get<std::string>()) +
@@ -156,7 +154,6 @@ Response Gateway::E2bList(const Request& req, const Caller& caller) {
       list.path = req.path;
       list.query = req.query;  // (filters, limit and nextToken: each node's first page after it)
       Forwarder::Call call = CallFor(list, caller, state);
-      call.client_fd.reset();
       call.timeout = gw::kFanOutTimeout;
       return forwarder_->Forward(std::move(call));
     }));

@@ -1,6 +1,10 @@
 #include "launcher/e2b/connect.h"
 
+#include <fcntl.h>
+
+#include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 
 #include <google/protobuf/util/json_util.h>
 #include <nlohmann/json.hpp>
@@ -200,6 +204,15 @@ std::string StreamEnd(Code code, std::string_view message) {
 
 std::string StreamContentType(const Call& call) {
   return call.binary ? "application/connect+proto" : "application/connect+json";
+}
+
+int64_t KeepAliveInterval(const HttpServer::Request& request) {
+  auto it = request.headers.find("keepalive-ping-interval");
+  return it == request.headers.end() ? 0 : std::clamp<int64_t>(std::atoll(it->second.c_str()), 0, 3600);
+}
+
+std::shared_ptr<UniqueFd> CallerConnection(const HttpServer::Request& request) {
+  return std::make_shared<UniqueFd>(request.connection_fd >= 0 ? ::fcntl(request.connection_fd, F_DUPFD_CLOEXEC, 0) : -1);
 }
 
 }  // namespace strata::launcher::e2b

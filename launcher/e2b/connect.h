@@ -9,6 +9,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -18,6 +19,7 @@
 #include <google/protobuf/message.h>
 
 #include "common/status.h"
+#include "common/unique_fd.h"
 #include "launcher/front/http_server.h"
 
 namespace strata::launcher::e2b {
@@ -94,6 +96,13 @@ std::string StreamContentType(const Call& call);
 
 // One envelope: flags (0x02: the end of a stream), length, data.
 std::string Envelope(uint8_t flags, std::string_view data);
+
+// The seconds between keepalives a streaming call's client asks for
+// (Keepalive-Ping-Interval; 0: none; at most an hour).
+int64_t KeepAliveInterval(const HttpServer::Request& request);
+// A copy of the caller's connection, for a stream to notice it hang up
+// (holding -1 for a request without one).
+std::shared_ptr<UniqueFd> CallerConnection(const HttpServer::Request& request);
 
 // A stream's keepalive: calls `tick` every `seconds` (the client's
 // Keepalive-Ping-Interval) on a thread of its own until stopped (or

@@ -87,6 +87,11 @@ bool IsSafeName(const std::string& name) {
   return std::all_of(name.begin(), name.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-'; });
 }
 
+ExecRequest::TerminalSize TerminalSizeOf(const process::PTY& pty) {
+  return {static_cast<uint16_t>(std::clamp<uint32_t>(pty.size().cols(), 1, 10000)),
+          static_cast<uint16_t>(std::clamp<uint32_t>(pty.size().rows(), 1, 10000))};
+}
+
 process::ProcessEvent::EndEvent EndOf(const ExecResult& r) {
   process::ProcessEvent::EndEvent end;
   end.set_exited(r.signal == 0);
@@ -762,9 +767,7 @@ Response Plane::Rpc(const Request& request, const std::string& id) {
       exec.merge_env = true;  // (envs go over the sandbox's envVars)
       exec.stdout_cap = exec.stderr_cap = uint64_t{16} << 20;
       if (in.has_pty()) {
-        const auto& size = in.pty().size();
-        exec.pty = ExecRequest::TerminalSize{static_cast<uint16_t>(std::clamp<uint32_t>(size.cols(), 1, 10000)),
-                                             static_cast<uint16_t>(std::clamp<uint32_t>(size.rows(), 1, 10000))};
+        exec.pty = TerminalSizeOf(in.pty());
         pty = true;
       }
       std::string want = in.has_tag() ? "e2b-tag-" + in.tag() : "e2b-" + NewSandboxId().substr(3);
@@ -786,10 +789,10 @@ Response Plane::Rpc(const Request& request, const std::string& id) {
       if (call->method == "Start") manager.SignalExec(id, eid, SIGKILL).IgnoreError();
       return fail(Error(ENOTSUP, "process: sandbox " + id + "'s agent is older than protocol 6 (no pids)"));
     }
-    auto watch = std::make_shared<UniqueFd>(request.connection_fd >= 0 ? ::fcntl(request.connection_fd, F_DUPFD_CLOEXEC, 0) : -1);
+    auto watch = CallerConnection(request);
     // Keepalive events as often as the client asks (seconds), so a quiet
     // command's stream never looks dead to it.
-    const int64_t keepalive = std::clamp<int64_t>(std::atoll(Header(request, "keepalive-ping-interval").c_str()), 0, 3600);
+    const int64_t keepalive = KeepAliveInterval(request);
     Response r;
     r.content_type = StreamContentType(*call);
     r.stream = [this, id, eid, pid, out_offset, err_offset, pty, watch, keepalive, c = *call](const HttpServer::StreamWriter& write) {
@@ -909,12 +912,7 @@ Response Plane::Rpc(const Request& request, const std::string& id) {
       if (!e->value("pty", false)) return ErrorReply(Error(EINVAL, StrCat("process ", e->value("pid", 0u), " has no pty to resize")));
       auto agent = manager.AgentOf(id, "resize a terminal");
       if (!agent.ok()) return ErrorReply(agent.status());
-      const auto& size = in.pty().size();
-      if (Status s = agent->ResizeExec(e->value("id", ""), {static_cast<uint16_t>(std::clamp<uint32_t>(size.cols(), 1, 10000)),
-                                                            static_cast<uint16_t>(std::clamp<uint32_t>(size.rows(), 1, 10000))});
-          !s.ok()) {
-        return ErrorReply(s);
-      }
+      if (Status s = agent->ResizeExec(e->value("id", ""), TerminalSizeOf(in.pty())); !s.ok()) return ErrorReply(s);
     }
     return UnaryReply(*call, process::UpdateResponse());
   }

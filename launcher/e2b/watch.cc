@@ -145,8 +145,8 @@ Response Plane::Watch(const Request& request, const Call& call, const std::strin
     if (Status s = Decode(call, 0, &in); !s.ok()) return ErrorFor(request, CodeOf(s), s.message());
     auto path = EnvdPath(in.path(), user);
     if (!path.ok()) return ErrorFor(request, Code::kInvalidArgument, "filesystem: WatchDir: " + path.status().message());
-    auto watch = std::make_shared<UniqueFd>(request.connection_fd >= 0 ? ::fcntl(request.connection_fd, F_DUPFD_CLOEXEC, 0) : -1);
-    const int64_t keepalive = std::clamp<int64_t>(std::atoll(Header(request, "keepalive-ping-interval").c_str()), 0, 3600);
+    auto watch = CallerConnection(request);
+    const int64_t keepalive = KeepAliveInterval(request);
     Response r;
     r.content_type = StreamContentType(call);
     r.stream = [agent = *agent, id, path = *path, recursive = in.recursive(), watch, keepalive, c = call](

@@ -36,6 +36,18 @@ short HangupEvents(int fd) {
 
 bool HungUp(const pollfd& p) { return p.revents & (POLLHUP | POLLERR | POLLNVAL | (p.events & POLLRDHUP)); }
 
+// Waits until the agent's side of `fd` has something to read; true if
+// `cancel_fd` (>= 0) hung up first. Only a full close counts (POLLHUP;
+// always reported): a caller that half-closes after its request still
+// wants the answer.
+bool CallerLeft(int fd, int cancel_fd) {
+  if (cancel_fd < 0) return false;
+  pollfd p[2] = {{fd, POLLIN, 0}, {cancel_fd, HangupEvents(cancel_fd), 0}};
+  while (::poll(p, 2, -1) < 0 && errno == EINTR) {
+  }
+  return !(p[0].revents & POLLIN) && HungUp(p[1]);
+}
+
 json ExecResultJson(const ExecResult& r) {
   return {{"exit_code", r.exit_code},           {"signal", r.signal},
           {"timed_out", r.timed_out},           {"stdout_bytes", r.stdout_bytes},
@@ -145,15 +157,8 @@ Result<ExecResult> AgentClient::Exec(const ExecRequest& request, const OutputSin
     }
   } joiner{feeder, fd.get()};
   while (true) {
-    if (request.cancel_fd >= 0) {
-      // Only a full close counts (POLLHUP; always reported): a caller that
-      // half-closes after its request still wants the answer.
-      pollfd p[2] = {{fd.get(), POLLIN, 0}, {request.cancel_fd, HangupEvents(request.cancel_fd), 0}};
-      while (::poll(p, 2, -1) < 0 && errno == EINTR) {
-      }
-      if (!(p[0].revents & POLLIN) && HungUp(p[1])) {
-        return Error(ECANCELED, StrCat("exec ", request.argv[0], ": abandoned, the caller went away"));
-      }
+    if (CallerLeft(fd.get(), request.cancel_fd)) {
+      return Error(ECANCELED, StrCat("exec ", request.argv[0], ": abandoned, the caller went away"));
     }
     Frame type;
     std::string payload;
@@ -335,14 +340,7 @@ Result<std::optional<ExecResult>> AgentClient::Attach(const std::string& exec_id
   json req = {{"exec_id", exec_id}, {"stdout_offset", stdout_offset}, {"stderr_offset", stderr_offset}, {"follow", follow}};
   STRATA_RETURN_IF_ERROR(WriteFrame(fd.get(), Frame::kAttach, req.dump()));
   while (true) {
-    if (cancel_fd >= 0) {
-      pollfd p[2] = {{fd.get(), POLLIN, 0}, {cancel_fd, HangupEvents(cancel_fd), 0}};
-      while (::poll(p, 2, -1) < 0 && errno == EINTR) {
-      }
-      if (!(p[0].revents & POLLIN) && HungUp(p[1])) {
-        return Error(ECANCELED, "attach " + exec_id + ": the caller went away");  // the command runs on
-      }
-    }
+    if (CallerLeft(fd.get(), cancel_fd)) return Error(ECANCELED, "attach " + exec_id + ": the caller went away");  // the command runs on
     Frame type;
     std::string payload;
     Status s = ReadFrame(fd.get(), &type, &payload);
@@ -403,17 +401,13 @@ Status AgentClient::ExecInput(const std::string& exec_id, std::string_view data,
 
 Status AgentClient::Watch(const std::string& path, bool recursive, const std::function<void()>& started,
                           const std::function<bool(const json&)>& on_event, int cancel_fd) {
-  STRATA_ASSIGN_OR_RETURN(int raw, Connect(kControlReplyTimeout));
+  // (No reply timeout: a watch is quiet for as long as nothing changes.)
+  STRATA_ASSIGN_OR_RETURN(int raw, Connect());
   UniqueFd fd(raw);
   STRATA_RETURN_IF_ERROR(WriteFrame(fd.get(), Frame::kWatch, json{{"path", path}, {"recursive", recursive}}.dump()));
   bool running = false;
   while (true) {
-    if (cancel_fd >= 0) {
-      pollfd p[2] = {{fd.get(), POLLIN, 0}, {cancel_fd, HangupEvents(cancel_fd), 0}};
-      while (::poll(p, 2, -1) < 0 && errno == EINTR) {
-      }
-      if (!(p[0].revents & POLLIN) && HungUp(p[1])) return Error(ECANCELED, "watch " + path + ": the caller went away");
-    }
+    if (CallerLeft(fd.get(), cancel_fd)) return Error(ECANCELED, "watch " + path + ": the caller went away");
     Frame type;
     std::string payload;
     Status s = ReadFrame(fd.get(), &type, &payload);
