@@ -39,10 +39,12 @@ constexpr int kAcceptsPerWakeup = 64;
 // Out of descriptors, accept() fails while the listener stays readable:
 // wait this long instead of spinning.
 constexpr auto kAcceptBackoff = std::chrono::milliseconds(100);
-// After kGone, the bytes buffered for a local end are written out as long
-// as it keeps taking them; one that stalls this long is closed anyway. A
-// client that closes fully must end the agent's command even when the
-// command reads no input (the agent sees POLLHUP only once we close).
+// On the guest, after kGone, the bytes buffered for the agent's end are
+// written out as long as it keeps taking them; one that stalls this long is
+// closed anyway. A client that closes fully must end the agent's command
+// even when the command reads no input (the agent sees POLLHUP only once we
+// close). The host gives its clients no such limit: what the agent wrote
+// before it closed is the client's, however slowly it reads.
 constexpr auto kGoneStall = std::chrono::milliseconds(500);
 // The host repeats its kHello until the guest's arrives, first after this
 // long and then at twice the interval each time, up to kHelloRetryMax. A
@@ -104,7 +106,7 @@ struct StreamMux::Stream {
   bool peer_eof = false;   // kEof received
   bool shut_wr = false;    // shutdown(SHUT_WR) after kEof and the flush
   bool peer_gone = false;  // kGone received: flush, then close
-  bool local_hup = false;  // POLLHUP/POLLERR seen: drain the input, then kGone
+  bool local_hup = false;  // POLLHUP/POLLERR seen: drain the input, then kGone (see OnLocalHangup)
   std::chrono::steady_clock::time_point gone_deadline;  // peer_gone: close if no progress by then
   size_t pending() const { return to_local.size() - to_local_off; }
 };
@@ -202,14 +204,21 @@ Status StreamMux::Serve(int channel, int listener) {
     for (size_t k = 0, count = streams_.size(); k < count; ++k) {
       Stream& s = *start->second;
       if (++start == streams_.end()) start = streams_.begin();
-      if (s.peer_gone) wake_at = std::min(wake_at, s.gone_deadline);
+      if (s.peer_gone && !options_.host) wake_at = std::min(wake_at, s.gone_deadline);
+      ids.push_back(s.id);
+      if (s.local_hup) {
+        // An agent's end that closed with bytes left to read: read on as
+        // credit comes back. Not polled meanwhile (it would report POLLHUP
+        // at once, every time).
+        fds.push_back({CanRead(s) ? s.fd.get() : -1, POLLIN, 0});
+        continue;
+      }
       // Even with no events, poll() reports POLLHUP: a local peer that
       // closes is noticed while its stream waits for credit.
       short events = 0;
       if (CanRead(s)) events |= POLLIN;
       if (s.pending() > 0) events |= POLLOUT;
       fds.push_back({s.fd.get(), events, 0});
-      ids.push_back(s.id);
     }
     int timeout = -1;
     if (wake_at != Clock::time_point::max()) {
@@ -256,7 +265,7 @@ Status StreamMux::Serve(int channel, int listener) {
         if (revents == 0) continue;
         Stream* s = Find(ids[i]);
         if (s == nullptr) continue;
-        if (revents & (POLLHUP | POLLERR | POLLNVAL)) {
+        if (s->local_hup || (revents & (POLLHUP | POLLERR | POLLNVAL))) {
           OnLocalHangup(*s);  // not POLLOUT: the local peer takes nothing more
           continue;
         }
@@ -268,7 +277,7 @@ Status StreamMux::Serve(int channel, int listener) {
     stream_ids.clear();
     const auto after = Clock::now();
     for (auto& [id, s] : streams_) {
-      if (s->peer_gone && s->gone_deadline <= after) stream_ids.push_back(id);
+      if (s->peer_gone && !options_.host && s->gone_deadline <= after) stream_ids.push_back(id);
     }
     for (uint32_t id : stream_ids) {
       if (Stream* s = Find(id)) Forget(*s);
@@ -382,6 +391,7 @@ Status StreamMux::HandleFrame(uint8_t type, std::string_view payload) {
       Stream* s = Find(id);
       if (s == nullptr) return OkStatus();  // one we sent kGone for; the peer did not know yet
       if (s->peer_eof || s->peer_gone) return Error(EPROTO, StrCat("data on stream ", id, " after its end"));
+      if (s->local_hup) return OkStatus();  // its local end takes nothing more; it reads on (OnLocalHangup)
       if (s->pending() + s->uncredited + body.size() > options_.window) {
         return Error(EPROTO, StrCat("stream ", id, ": the peer sent past the window of ", options_.window, " bytes"));
       }
@@ -546,16 +556,30 @@ bool StreamMux::ReadLocal(Stream& s, bool drain) {
 }
 
 bool StreamMux::OnLocalHangup(Stream& s) {
+  const bool first = !s.local_hup;
   s.local_hup = true;
+  if (s.peer_gone) {
+    Forget(s);
+    return false;
+  }
   // What the local peer wrote before it closed goes first (POLLIN and
-  // POLLHUP come together), as far as the credit reaches. The rest is
-  // dropped rather than waited for: a peer that closes fully has given up
-  // on the stream (one that wants its answer half-closes), and the other
-  // side must learn of it now, not when its own end reads again — the
-  // agent kills a command whose client went away, even one that never
-  // reads its input.
-  if (!s.peer_gone && !ReadLocal(s, /*drain=*/true)) return false;  // a finished half-close
-  if (!s.peer_gone) Queue(MuxFrame::kGone, s.id, {});
+  // POLLHUP come together), as far as the credit reaches now.
+  if (!ReadLocal(s, /*drain=*/first)) return false;  // all of it: the stream ended
+  if (!options_.host) {
+    // The agent writes its answer and closes, as over TCP: the rest of what
+    // it wrote goes out as the host credits it back (the host's client
+    // leaving ends the stream sooner). What the host sends meanwhile has
+    // nowhere to go.
+    std::string().swap(s.to_local);
+    s.to_local_off = 0;
+    s.uncredited = 0;
+    return true;
+  }
+  // A client that closes fully has given up on the stream (one that wants
+  // its answer half-closes): the rest of its input is dropped, and the
+  // agent learns of it now, not when its own end reads again — it kills a
+  // command whose client went away, even one that never reads its input.
+  Queue(MuxFrame::kGone, s.id, {});
   Forget(s);
   return false;
 }

@@ -11,11 +11,15 @@
 //
 // Local ends are unix stream sockets. Bytes read from one go to the peer's
 // local end. A local end that half-closes (shutdown SHUT_WR) sends kEof and
-// still gets its answer; one that closes fully (POLLHUP, or EPIPE on write)
-// sends kGone at once (its input beyond the stream's credit is dropped), and
-// the peer then writes out what it buffered — while its local end keeps
-// taking bytes; after half a second without progress it gives up — and
-// closes its local end fully.
+// still gets its answer. One that closes fully (POLLHUP, or EPIPE on write):
+//  - on the host, a client that gave up: kGone goes at once (its input
+//    beyond the stream's credit is dropped);
+//  - on the guest, an agent that wrote its answer and closed, as over TCP:
+//    everything it wrote goes out as credit comes back, then kGone.
+// The peer then writes out what it buffered and closes its local end fully:
+// the host however slowly its client reads; the guest while the agent's end
+// keeps taking bytes (after half a second without progress it gives up, so
+// that a client's leaving ends a command that reads no input).
 //
 // Compiled into the static guest agent: depends only on libc, libstdc++ and
 // common/{frame,status,strings,unique_fd}.

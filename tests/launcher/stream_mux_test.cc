@@ -88,6 +88,8 @@ uint64_t Fnv1a(uint64_t h, std::string_view bytes) {
 }
 constexpr uint64_t kFnvBasis = 14695981039346656037ull;
 
+char PatternByte(size_t at) { return static_cast<char>(at % 251); }
+
 double CpuSeconds() {
   timespec ts{};
   ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
@@ -235,6 +237,8 @@ class StreamMuxTest : public ::testing::Test {
   //  A: read the request to its end, answer "answer:<request>", close;
   //  E: echo everything until end of file, then close;
   //  F: flood: write until the stream breaks, counting in flooded_;
+  //  B: write a pattern (PatternByte) until the stream is full, count it in
+  //     flooded_, set filled_, and close;
   //  W: write "ready", then wait for POLLHUP and note when (hup_at_);
   //  S: the same, but never read;
   //  X: close at once.
@@ -265,6 +269,19 @@ class StreamMuxTest : public ::testing::Test {
           flooded_ += static_cast<size_t>(n);
         }
         break;
+      case 'B': {
+        ::fcntl(fd.get(), F_SETFL, ::fcntl(fd.get(), F_GETFL) | O_NONBLOCK);
+        size_t at = 0;
+        while (WaitFor(fd.get(), POLLOUT, Clock::now() + 300ms) & POLLOUT) {
+          for (size_t i = 0; i < buf.size(); ++i) buf[i] = PatternByte(at + i);
+          ssize_t n = ::send(fd.get(), buf.data(), buf.size(), MSG_NOSIGNAL);
+          if (n < 0 && errno != EAGAIN) break;
+          if (n > 0) at += static_cast<size_t>(n);
+        }
+        flooded_ = at;
+        filled_ = true;
+        break;
+      }
       case 'S':
       case 'W': {
         if (!SendAll(fd.get(), "ready")) break;
@@ -308,6 +325,7 @@ class StreamMuxTest : public ::testing::Test {
   std::condition_variable hup_cv_;
   std::optional<Clock::time_point> hup_at_;
   std::atomic<size_t> flooded_{0};
+  std::atomic<bool> filled_{false};
 };
 
 // A client that half-closes still gets its answer; both muxes forget the
@@ -394,6 +412,39 @@ TEST_F(StreamMuxTest, SlowReaderStallsOnlyItsOwnStream) {
   const size_t bound = (1 << 20) + 3 * 2 * static_cast<size_t>(sndbuf) + (1 << 20);
   EXPECT_LT(flooded, bound) << "sndbuf " << sndbuf;
   EXPECT_EQ(host_.streams(), 1u);
+}
+
+// An agent's end that writes its answer and closes (as a command's output
+// ends) is heard to the last byte, also what it wrote past the stream's
+// credit and a client that pauses longer than the guest's stall limit.
+TEST_F(StreamMuxTest, AnAgentThatClosesAfterWritingIsHeardToTheEnd) {
+  Connect();
+  UniqueFd client = Client();
+  ASSERT_TRUE(SendAll(client.get(), "B"));
+  ASSERT_TRUE(WaitUntil([&] { return filled_.load(); }, kStepTimeout)) << "the agent's end never filled";
+  const size_t written = flooded_;
+  EXPECT_GT(written, size_t{1} << 20);  // past the window: bytes wait in the agent's socket
+  std::this_thread::sleep_for(200ms);   // its end has closed
+
+  SetTimeouts(client.get(), 5s);
+  std::string got;
+  std::string buf(64 << 10, '\0');
+  bool paused = false;
+  while (true) {
+    ssize_t n = ::read(client.get(), buf.data(), buf.size());
+    ASSERT_GE(n, 0) << std::strerror(errno) << " after " << got.size() << " bytes";
+    if (n == 0) break;
+    got.append(buf.data(), static_cast<size_t>(n));
+    if (!paused && got.size() > written / 2) {
+      std::this_thread::sleep_for(1s);
+      paused = true;
+    }
+  }
+  ASSERT_EQ(got.size(), written);
+  size_t wrong = 0;
+  for (size_t i = 0; i < got.size(); ++i) wrong += got[i] != PatternByte(i);
+  EXPECT_EQ(wrong, 0u);
+  EXPECT_TRUE(WaitUntil([&] { return host_.streams() == 0 && guest_.streams() == 0; }));
 }
 
 // A client that closes fully mid-stream makes the agent's end see POLLHUP
