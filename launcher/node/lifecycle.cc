@@ -38,7 +38,7 @@ Result<std::shared_ptr<SandboxManager::Entry>> SandboxManager::Find(const std::s
 Result<ExecResult> SandboxManager::Exec(const std::string& id, ExecRequest request, const OutputSink& sink) {
   STRATA_ASSIGN_OR_RETURN(auto entry, Find(id));
   std::shared_ptr<Sandbox> sb;  // kept alive while the command runs
-  std::shared_ptr<Pool> pool;
+  std::shared_ptr<CallPools::Pool> pool;
   {
     std::lock_guard lock(entry->mu);
     if (entry->gone()) return Error(ENOENT, StrCat("sandbox ", id, " is being destroyed"));
@@ -238,7 +238,7 @@ Status SandboxManager::Resume(const std::string& id) {
 Status SandboxManager::Destroy(const std::string& id) {
   STRATA_ASSIGN_OR_RETURN(auto entry, Find(id));
   std::shared_ptr<Sandbox> sandbox;
-  std::shared_ptr<Pool> pool;
+  std::shared_ptr<CallPools::Pool> pool;
   {
     std::lock_guard lock(entry->mu);
     if (entry->gone()) return Error(ENOENT, StrCat("sandbox ", id, " is being destroyed"));
@@ -254,10 +254,7 @@ Status SandboxManager::Destroy(const std::string& id) {
       std::lock_guard lock(mu_);
       sandboxes_.erase(id);
     }
-    {
-      std::lock_guard lock(pools_mu_);
-      if (--pool->users == 0) pool->idle_since = std::chrono::steady_clock::now();
-    }
+    calls_->Leave(*pool);
     ++destructions_;
     return Forget(id);
   }

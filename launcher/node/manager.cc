@@ -1,7 +1,6 @@
 // SandboxManager: the daemon's sandboxes. This file opens it, recovers
 // what an earlier daemon left, creates and answers the node's queries;
-// function-call pools are in calls.cc, warm pools in warm_pools.cc, execs
-// and the rest of a sandbox's life in lifecycle.cc.
+// execs and the rest of a sandbox's life are in lifecycle.cc.
 #include "launcher/node/manager.h"
 
 #include <dirent.h>
@@ -44,42 +43,6 @@ int64_t WallMs() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
-// Pools are not shared across tenants (their calls share a cgroup).
-std::string PoolKey(const SandboxSpec& spec, const std::string& owner) {
-  return StrCat(owner, "|", Join(spec.layers, ","), "|", cache::DefaultStoreUrl(spec.store), "|", spec.limits.cpus, "|", spec.limits.memory,
-                "|", spec.limits.pids, "|", spec.network.ToJson().dump());
-}
-
-// Warm pools: what a ready sandbox must match (the rest a take assigns).
-std::string WarmKey(const SandboxSpec& spec) {
-  return StrCat(spec.backend, "|", Join(spec.layers, ","), "|", cache::DefaultStoreUrl(spec.store), "|", spec.limits.cpus, "|", spec.limits.memory, "|",
-                spec.limits.pids, "|", spec.disk, "|", spec.network.ToJson().dump());
-}
-
-json WarmSpecJson(const SandboxSpec& spec) {
-  return {{"backend", spec.backend},          {"layers", spec.layers}, {"store", spec.store},
-          {"cpus", spec.limits.cpus},          {"memory", spec.limits.memory},
-          {"pids", spec.limits.pids},          {"disk", spec.disk},
-          {"network", spec.network.ToJson()}};
-}
-
-Result<SandboxSpec> WarmSpecFromJson(const json& j) {
-  SandboxSpec spec;
-  try {
-    spec.backend = j.value("backend", std::string(kDefaultBackend));  // (pools recorded before microVM pools were container ones)
-    spec.layers = j.at("layers").get<std::vector<std::string>>();
-    spec.store = j.value("store", "");
-    spec.limits.cpus = j.value("cpus", 0.0);
-    spec.limits.memory = j.value("memory", uint64_t{0});
-    spec.limits.pids = j.value("pids", int64_t{0});
-    spec.disk = j.value("disk", uint64_t{10} << 30);
-  } catch (const json::exception& e) {
-    return Error(EINVAL, StrCat("warm pool spec: ", e.what()));
-  }
-  STRATA_ASSIGN_OR_RETURN(spec.network, NetPolicy::FromJson(j.value("network", json())));
-  return spec;
-}
-
 json CallSpecJson(const SandboxSpec& spec) {
   return {{"layers", spec.layers}, {"env", spec.env}, {"workdir", spec.workdir}, {"files", spec.files.ToJson()}};
 }
@@ -91,17 +54,19 @@ Result<std::unique_ptr<SandboxManager>> SandboxManager::Open(NodeConfig node, co
   std::unique_ptr<SandboxManager> m(new SandboxManager(std::move(node)));
   STRATA_ASSIGN_OR_RETURN(m->registry_, Registry::Open(state_dir, BootId()));
   m->recovery_.moved = m->registry_->moved();
+  m->calls_ = std::make_unique<CallPools>(m->node_, *m->registry_);
+  m->warm_ = std::make_unique<launcher::WarmPools>(m->node_, *m->registry_);
   Status s = m->Recover();
   if (!s.ok()) return s.Annotate("recover sandboxes from " + state_dir);
   STRATA_ASSIGN_OR_RETURN(m->keys_, IdempotencyKeys::Open(JoinPath(state_dir, "keys")));
   m->keys_->Expire();
-  for (int i = 0; i < kWarmFillers; ++i) m->fillers_.emplace_back([p = m.get()] { p->FillWarm(); });
+  m->warm_->Start(kWarmFillers);
   m->reaper_ = std::thread([p = m.get()] {
-    std::unique_lock lock(p->pools_mu_);
+    std::unique_lock lock(p->reaper_mu_);
     int rounds = 0;
     while (!p->reaper_cv_.wait_for(lock, std::chrono::seconds(5), [p] { return p->stopping_; })) {
       lock.unlock();
-      p->ReapPools(false);
+      p->calls_->Reap(false);
       p->ReapExpired();
       if (++rounds % 60 == 0) p->keys_->Expire();
       lock.lock();
@@ -112,33 +77,25 @@ Result<std::unique_ptr<SandboxManager>> SandboxManager::Open(NodeConfig node, co
 
 SandboxManager::~SandboxManager() {
   {
-    std::lock_guard lock(pools_mu_);
+    std::lock_guard lock(reaper_mu_);
     stopping_ = true;
   }
   reaper_cv_.notify_all();
   if (reaper_.joinable()) reaper_.join();
+  // (Null when Open failed before making them.) Ready warm sandboxes, like
+  // the others, are adopted again by the next daemon.
+  if (warm_) warm_->Stop();
+  // Idle function-call pools are only a cache: they go. Sandboxes outlive
+  // the daemon (a restart re-adopts them): the objects just let go.
+  if (calls_) calls_->Reap(true);
   {
-    std::lock_guard lock(warm_mu_);
-    warm_stopping_ = true;
-    for (int fd : warm_up_cancels_) ::close(fd);  // (abandons warm-up commands)
-    warm_up_cancels_.clear();
+    std::lock_guard lock(mu_);
+    for (auto& [id, entry] : sandboxes_) {
+      std::lock_guard entry_lock(entry->mu);
+      if (entry->sandbox) entry->sandbox->Release();
+    }
   }
-  warm_cv_.notify_all();
-  for (auto& t : fillers_) t.join();
-  // Ready warm sandboxes, like the others, are adopted again by the next daemon.
-  for (auto& [key, pool] : warm_) {
-    for (auto& sb : pool->ready) sb->Release();
-  }
-  // Idle pools are only a cache: they go. Sandboxes outlive the daemon (a
-  // restart re-adopts them): the objects just let go.
-  ReapPools(true);
-  std::lock_guard lock(mu_);
-  for (auto& [id, entry] : sandboxes_) {
-    std::lock_guard entry_lock(entry->mu);
-    if (entry->sandbox) entry->sandbox->Release();
-  }
-  std::lock_guard pools_lock(pools_mu_);
-  for (auto& [key, pool] : pools_) pool->warm->Release();
+  if (calls_) calls_->ReleaseAll();
 }
 
 int64_t SandboxManager::Entry::ExpiresInMs() const { return ttl > 0 ? last_call_ms.load() + ttl * 1000 - NowMs() : 0; }
@@ -231,26 +188,12 @@ Status SandboxManager::Recover() {
     const std::string status = record.is_object() ? record.value("status", "") : "";
     const std::string kind = record.is_object() ? record.value("kind", "") : "";
     if (kind == "warm-pool") {
-      auto spec = WarmSpecFromJson(record.value("spec", json::object()));
-      if (!spec.ok()) {
-        STRATA_LOG(kWarn) << "removing warm pool " << id << ": " << spec.status().ToString();
-        STRATA_RETURN_IF_ERROR(registry_->ForgetLasting(id));
-        continue;
-      }
-      auto pool = std::make_shared<WarmPool>();
-      pool->key = WarmKey(*spec);
-      pool->name = record.value("name", "");
-      pool->spec = std::move(*spec);
-      pool->size = record.value("size", 0);
-      warm_[pool->key] = pool;
+      STRATA_RETURN_IF_ERROR(warm_->Restore(id, record));
       continue;
     }
     if (const BackendKind* of = record.is_object() ? KindOf(record.value("backend", "")) : nullptr; of && of->calls) {
-      std::shared_ptr<Pool> pool;
-      for (auto& [key, p] : pools_) {
-        if (p->warm->id() == record.value("pool", "")) pool = p;
-      }
-      if (pool && status == "running") {
+      std::shared_ptr<CallPools::Pool> pool = status == "running" ? calls_->Rejoin(record.value("pool", "")) : nullptr;
+      if (pool) {
         auto entry = std::make_shared<Entry>();
         entry->pool = pool;
         entry->id = id;
@@ -264,6 +207,7 @@ Status SandboxManager::Recover() {
         entry->spec.workdir = spec.value("workdir", std::string("/"));
         auto files = ParseFileRules(spec.value("files", json()), "state files");
         if (!files.ok()) {  // (its rules could not be kept: not adopted)
+          calls_->Leave(*pool);
           STRATA_LOG(kWarn) << "removing function-call sandbox " << id << ": " << files.status().ToString();
           STRATA_RETURN_IF_ERROR(Forget(id));
           ++recovery_.removed;
@@ -271,7 +215,6 @@ Status SandboxManager::Recover() {
         }
         entry->spec.files = std::move(*files);
         entry->spec.backend = record.value("backend", "");
-        ++pool->users;
         sandboxes_[id] = entry;
         ++recovery_.adopted;
       } else {
@@ -284,22 +227,12 @@ Status SandboxManager::Recover() {
     // A sandbox taken from a warm pool has an id of its own underneath.
     const std::string internal = record.is_object() ? record.value("internal", id) : id;
     auto sandbox = Sandbox::Adopt(internal, node_);
-    if (sandbox.ok() && status == "running" && kind == "warm" && (*sandbox)->Alive()) {
-      std::shared_ptr<WarmPool> pool;
-      for (auto& [key, p] : warm_) {
-        if (p->name == record.value("pool", "")) pool = p;
-      }
-      if (pool) {
-        pool->ready.push_back(std::move(*sandbox));
-        continue;
-      }
+    if (sandbox.ok() && status == "running" && kind == "warm" && (*sandbox)->Alive() &&
+        warm_->AdoptReady(record.value("pool", ""), *sandbox)) {
+      continue;
     }
     if (sandbox.ok() && status == "running" && record.value("kind", "") == "pool" && (*sandbox)->Alive()) {
-      auto pool = std::make_shared<Pool>();
-      pool->key = record.value("key", "");
-      pool->warm = std::move(*sandbox);
-      pool->idle_since = std::chrono::steady_clock::now();
-      pools_[pool->key] = pool;
+      calls_->Adopt(record.value("key", ""), std::move(*sandbox));
       STRATA_LOG(kInfo) << "re-adopted function-call pool " << id;
       continue;
     }
@@ -350,10 +283,8 @@ Status SandboxManager::Recover() {
   // failed cleanup after a failed create.
   std::set<std::string> known;
   for (auto& [id, e] : sandboxes_) known.insert(e->sandbox ? e->sandbox->id() : id);
-  for (auto& [key, p] : pools_) known.insert(p->warm->id());
-  for (auto& [key, p] : warm_) {
-    for (auto& sb : p->ready) known.insert(sb->id());
-  }
+  calls_->AddIds(known);
+  warm_->AddIds(known);
   if (DIR* dir = ::opendir(node_.run_dir.c_str())) {
     std::vector<std::string> orphans;
     while (dirent* e = ::readdir(dir)) {
@@ -414,6 +345,87 @@ Status SandboxManager::Recover() {
   return OkStatus();
 }
 
+// A ready sandbox from WarmPools, recorded as the create's.
+Result<std::optional<json>> SandboxManager::TakeWarm(const SandboxSpec& spec, const std::string& owner) {
+  StepTimer timer(spec.id);
+  std::optional<launcher::WarmPools::Taken> taken = warm_->Take(spec);
+  if (!taken) return std::optional<json>();
+  timer.Step("take a ready sandbox from the warm pool");
+  std::shared_ptr<Sandbox> sb = std::move(taken->sandbox);
+  json assignment = sb->Assign(spec);
+  {
+    // One transaction: the sandbox is the pool's or the create's, never
+    // both; the create's settings are in its record (a restart hands them
+    // back with Reassign), so the take writes nothing else.
+    json record = {{"status", "running"}, {"created", assignment["created"]}, {"owner", owner},
+                   {"internal", sb->id()}, {"warm", taken->pool}, {"assigned", std::move(assignment)}};
+    record.update(Entry::RecordOf(spec));
+    if (Status s = registry_->Rename(sb->id(), spec.id, record); !s.ok()) {
+      STRATA_LOG(kWarn) << "warm pool " << taken->pool << ": take " << sb->id() << ": " << s.ToString();
+      warm_->Discard(*sb);
+      return s.Annotate("record sandbox " + spec.id);
+    }
+  }
+  timer.Step("record");
+  auto entry = std::make_shared<Entry>();
+  entry->id = spec.id;
+  entry->warm_pool = taken->pool;
+  entry->memory_commit = MemoryCommit(node_, sb->spec());
+  entry->owner = owner;
+  entry->Settle(spec);
+  entry->last_call_ms = NowMs();
+  entry->sandbox = std::move(sb);
+  {
+    std::lock_guard lock(mu_);
+    sandboxes_[spec.id] = entry;
+  }
+  warm_->Took(taken->pool);
+  ++creations_;
+  return std::optional<json>(entry->Info());
+}
+
+Result<json> SandboxManager::CreateCall(SandboxSpec spec, const std::string& owner) {
+  auto joined = calls_->Join(spec, owner);
+  if (!joined.ok()) {
+    ++creation_failures_;
+    return joined.status();
+  }
+  std::shared_ptr<CallPools::Pool> pool = std::move(*joined);
+  auto entry = std::make_shared<Entry>();
+  entry->id = spec.id.empty() ? NewSandboxId(node_.name) : spec.id;
+  entry->created = static_cast<int64_t>(::time(nullptr));
+  entry->pool = pool;
+  entry->spec = spec;
+  entry->owner = owner;
+  entry->Settle(spec);
+  entry->last_call_ms = NowMs();
+  json record = {{"status", "running"}, {"backend", spec.backend}, {"pool", pool->warm->id()},
+                 {"created", entry->created}, {"spec", CallSpecJson(spec)}, {"owner", owner}};
+  record.update(Entry::RecordOf(spec));
+  if (Status s = Record(entry->id, record); !s.ok()) {
+    calls_->Leave(*pool);
+    return s;
+  }
+  {
+    std::lock_guard lock(mu_);
+    sandboxes_[entry->id] = entry;
+  }
+  ++creations_;
+  return entry->Info();
+}
+
+const BackendKind* SandboxManager::KindOf(const std::string& backend) const {
+  if (!node_.backends) return nullptr;
+  auto kind = node_.backends->Find(backend);
+  return kind.ok() ? *kind : nullptr;
+}
+
+Result<json> SandboxManager::SetWarmPool(SandboxSpec spec, int size) { return warm_->Set(std::move(spec), size); }
+
+json SandboxManager::WarmPools() { return warm_->List(); }
+
+void SandboxManager::SetWarmAdmission(std::function<WarmVerdict(size_t)> admit) { warm_->SetAdmission(std::move(admit)); }
+
 Result<json> SandboxManager::Create(SandboxSpec spec, const std::string& owner) {
   if (!spec.id.empty() && Exists(spec.id)) return Error(EEXIST, StrCat("sandbox ", spec.id, " exists"));
   if (const BackendKind* kind = KindOf(spec.backend); kind && kind->calls) return CreateCall(std::move(spec), owner);
@@ -464,30 +476,12 @@ uint64_t SandboxManager::CommittedMemory() {
     std::lock_guard lock(mu_);
     for (auto& [id, e] : sandboxes_) sum += e->memory_commit;
   }
-  {
-    std::lock_guard lock(pools_mu_);
-    for (auto& [key, p] : pools_) sum += MemoryCommit(node_, p->warm->spec());
-  }
-  std::lock_guard lock(warm_mu_);
-  for (auto& [key, p] : warm_) sum += (p->ready.size() + static_cast<size_t>(p->filling)) * MemoryCommit(node_, p->spec);
-  return sum;
+  return sum + calls_->CommittedMemory() + warm_->CommittedMemory();
 }
 
-uint64_t SandboxManager::WarmFillCommit() {
-  uint64_t most = 0;
-  std::lock_guard lock(warm_mu_);
-  for (auto& [key, p] : warm_) {
-    if (static_cast<int>(p->ready.size()) + p->filling < p->size) most = std::max(most, MemoryCommit(node_, p->spec));
-  }
-  return most;
-}
+uint64_t SandboxManager::WarmFillCommit() { return warm_->FillCommit(); }
 
-bool SandboxManager::WarmReadyFor(const SandboxSpec& spec) {
-  if (!Pooled(spec.backend)) return false;
-  std::lock_guard lock(warm_mu_);
-  auto it = warm_.find(WarmKey(spec));
-  return it != warm_.end() && !it->second->ready.empty();
-}
+bool SandboxManager::WarmReadyFor(const SandboxSpec& spec) { return warm_->ReadyFor(spec); }
 
 std::map<std::string, int64_t> SandboxManager::StateCounts() {
   std::map<std::string, int64_t> counts;
@@ -574,20 +568,9 @@ std::string SandboxManager::Metrics() {
   out += "# HELP strata_sandboxes Sandboxes by state.\n# TYPE strata_sandboxes gauge\n";
   out += StrCat("strata_sandboxes{state=\"running\"} ", running, "\n");
   out += StrCat("strata_sandboxes{state=\"paused\"} ", paused, "\n");
-  size_t pools = 0;
-  {
-    std::lock_guard lock(pools_mu_);
-    pools = pools_.size();
-  }
   out += "# HELP strata_fncall_pools Warm function-call pools.\n# TYPE strata_fncall_pools gauge\n";
-  out += StrCat("strata_fncall_pools ", pools, "\n");
-  {
-    std::lock_guard lock(warm_mu_);
-    out += "# HELP strata_warm_ready Ready sandboxes of warm pools, by pool.\n# TYPE strata_warm_ready gauge\n";
-    for (auto& [key, p] : warm_) out += StrCat("strata_warm_ready{pool=\"", p->name, "\"} ", p->ready.size(), "\n");
-    out += "# HELP strata_warm_taken_total Creations served by a warm pool, by pool.\n# TYPE strata_warm_taken_total counter\n";
-    for (auto& [key, p] : warm_) out += StrCat("strata_warm_taken_total{pool=\"", p->name, "\"} ", p->taken, "\n");
-  }
+  out += StrCat("strata_fncall_pools ", calls_->Count(), "\n");
+  warm_->AppendMetrics(out);
   out += "# HELP strata_sandbox_creations_total Sandboxes created.\n# TYPE strata_sandbox_creations_total counter\n";
   out += StrCat("strata_sandbox_creations_total ", creations_.load(), "\n");
   out += "# HELP strata_sandbox_creation_failures_total Sandbox creations that failed.\n# TYPE strata_sandbox_creation_failures_total counter\n";

@@ -1,11 +1,12 @@
 // SandboxManager: the launcher daemon's sandboxes — create, exec, files,
 // pause and resume, snapshot, destroy — with their registry in LMDB so a
 // restarted daemon re-adopts the live ones and removes what the dead ones
-// left. Thread-safe. Its parts: opening, recovery, creation and the
-// node's queries (manager.cc), function-call pools (calls.cc), warm pools
-// (warm_pools.cc, their policy in warm_policy.h), execs and the rest of a
-// sandbox's life (lifecycle.cc); the registries are Registry's
-// (registry.h).
+// left. Thread-safe. It composes the node's units: the registries
+// (Registry, registry.h), function-call pools (CallPools, call_pools.h),
+// warm pools (WarmPools, warm_pools.h, their policy in warm_policy.h) and
+// idempotency keys; its own files hold opening, recovery, creation and
+// the node's queries (manager.cc), and execs and the rest of a sandbox's
+// life (lifecycle.cc).
 #pragma once
 
 #include <atomic>
@@ -23,8 +24,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include "launcher/node/call_pools.h"
 #include "launcher/node/idempotency.h"
 #include "launcher/node/registry.h"
+#include "launcher/node/warm_pools.h"
 #include "launcher/sandbox/backend.h"
 #include "launcher/sandbox/sandbox.h"
 
@@ -123,14 +126,10 @@ class SandboxManager {
   // Size 0 removes a pool. Returns the pool's description.
   Result<nlohmann::json> SetWarmPool(SandboxSpec spec, int size);
   nlohmann::json WarmPools();
-  // Whether the node has room for one more warm sandbox: OK, or why not
-  // (`shed`: memory is short, so ready ones should go too). Set by the
-  // API server, which owns the node's admission settings, and reset to
-  // null before it goes (the call returns once no check is running).
-  struct WarmVerdict {
-    Status status;
-    bool shed = false;
-  };
+  // Whether the node has room for one more warm sandbox (WarmPools'). Set
+  // by the API server, which owns the node's admission settings, and reset
+  // to null before it goes (the call returns once no check is running).
+  using WarmVerdict = launcher::WarmPools::Verdict;
   void SetWarmAdmission(std::function<WarmVerdict(size_t held)> admit);
 
   // Recovery report of Open() (for logs and tests).
@@ -142,37 +141,10 @@ class SandboxManager {
   const Recovery& recovery() const { return recovery_; }
 
  private:
-  // A function-call pool: one warm, read-only sandbox per layer stack and
-  // limits, shared by every fncall sandbox created with them; each exec is
-  // a fresh, isolated call in it. Kept warm for kPoolGrace after its last
-  // user goes.
-  struct Pool {
-    std::string key;
-    std::shared_ptr<Sandbox> warm;
-    int users = 0;
-    std::chrono::steady_clock::time_point idle_since;
-  };
-  // A warm pool (above). Ready sandboxes are recorded under their own
-  // (internal) ids with kind "warm"; a taken one is recorded under the
-  // create's id with its internal one beside it.
-  struct WarmPool {
-    std::string name;  // "wp-" and a hash of the key
-    std::string key;
-    SandboxSpec spec;
-    int size = 0;
-    std::deque<std::shared_ptr<Sandbox>> ready;
-    int filling = 0;
-    int removing = 0;  // ready sandboxes being destroyed (shrunk, shed)
-    uint64_t taken = 0, made = 0, failures = 0, shed = 0;
-    int streak = 0;  // failures in a row (the back-off)
-    std::string last_error;
-    std::chrono::steady_clock::time_point retry_at{};
-    nlohmann::json Info() const;
-  };
   struct Entry {
     std::mutex mu;  // serializes lifecycle changes (pause, resume, destroy)
     std::shared_ptr<Sandbox> sandbox;  // container back end (an exec keeps a copy)
-    std::shared_ptr<Pool> pool;        // fncall back end
+    std::shared_ptr<CallPools::Pool> pool;  // fncall back end
     SandboxSpec spec;                  // fncall: the caller's (env, workdir)
     std::string id;
     std::string warm_pool;  // the warm pool it was taken from (its sandbox has an id of its own)
@@ -206,24 +178,12 @@ class SandboxManager {
   // The node's kind of back end named `backend`; null for a name it does
   // not offer.
   const BackendKind* KindOf(const std::string& backend) const;
-  // Whether warm pools may keep ready sandboxes of `backend`.
-  bool Pooled(const std::string& backend) const;
   Result<nlohmann::json> CreateCall(SandboxSpec spec, const std::string& owner);
-  // Destroys pools idle for longer than the grace period (all idle ones
-  // with `all`).
-  void ReapPools(bool all);
   // Destroys sandboxes whose ttl passed.
   void ReapExpired();
   // A ready sandbox of the pool that matches `spec`, made the create's;
   // null when none is ready.
   Result<std::optional<nlohmann::json>> TakeWarm(const SandboxSpec& spec, const std::string& owner);
-  // The warm pools' background work: fills them, and removes what no pool
-  // wants any more (shrunk, removed, memory short).
-  void FillWarm();
-  // Runs one command in a microVM a pool just made; false if its guest
-  // stopped answering (or the daemon is stopping).
-  bool WarmUpGuest(Sandbox& sb);
-  Status RecordWarmPool(const WarmPool& pool);
   Result<std::shared_ptr<Entry>> Find(const std::string& id);
   // The entry's container sandbox, or an error naming why there is none.
   static Result<std::shared_ptr<Sandbox>> Container(Entry& entry, const char* what);
@@ -234,25 +194,12 @@ class SandboxManager {
   NodeConfig node_;
   // The lasting registry (warm pools) and this boot's (sandboxes).
   std::unique_ptr<Registry> registry_;
-  std::mutex mu_;
+  std::unique_ptr<CallPools> calls_;
+  std::unique_ptr<launcher::WarmPools> warm_;
+  std::mutex mu_;  // (CallPools' and WarmPools' locks are taken after it, if at all)
   std::map<std::string, std::shared_ptr<Entry>> sandboxes_;
-  std::mutex pools_mu_;  // taken after mu_ when both are needed
-  std::map<std::string, std::shared_ptr<Pool>> pools_;  // by key
-  // Pools whose warm sandbox died while sandboxes still used them: no new
-  // user joins; removed once the last one is destroyed.
-  std::vector<std::shared_ptr<Pool>> retired_;
-  std::mutex warm_mu_;  // taken after mu_ when both are needed
-  std::map<std::string, std::shared_ptr<WarmPool>> warm_;  // by key
-  std::mutex admit_mu_;  // held while warm_admit_ runs or changes
-  std::function<WarmVerdict(size_t)> warm_admit_;
-  std::condition_variable warm_cv_;
-  std::vector<std::thread> fillers_;
-  bool warm_stopping_ = false;
-  // Write ends of the hang-up pipes of warm-up commands in flight (under
-  // warm_mu_): stopping closes them, which abandons the commands.
-  std::vector<int> warm_up_cancels_;
-  std::chrono::steady_clock::time_point last_take_{};
   std::thread reaper_;
+  std::mutex reaper_mu_;
   std::condition_variable reaper_cv_;
   bool stopping_ = false;
   Recovery recovery_;

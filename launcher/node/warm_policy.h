@@ -2,7 +2,7 @@
 // gives back a ready sandbox, which one gets the next, when a refill waits
 // for takes to pause, and how long a failing pool backs off. Pure
 // functions of the pools' counts, so they are tested without a node
-// (tests/launcher/warm_policy_test.cc); SandboxManager::FillWarm acts on
+// (tests/launcher/warm_policy_test.cc); WarmPools::Fill acts on
 // them. docs/api.md, "Warm pools".
 #pragma once
 

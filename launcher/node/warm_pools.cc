@@ -1,5 +1,7 @@
-// SandboxManager's warm pools: ready sandboxes of a stack kept for the
-// creates that match, filled and shed by the policy of warm_policy.h.
+// WarmPools: ready sandboxes of a stack kept for the creates that match,
+// filled and shed by the policy of warm_policy.h.
+#include "launcher/node/warm_pools.h"
+
 #include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
@@ -11,15 +13,13 @@
 #include "common/fs.h"
 #include "common/log.h"
 #include "common/strings.h"
-#include "launcher/node/manager.h"
-#include "launcher/node/manager_parts.h"
+#include "common/hash.h"
 #include "launcher/node/warm_policy.h"
 #include "launcher/sandbox/backend.h"
 
 namespace strata::launcher {
 
 using nlohmann::json;
-using namespace manager;  // (manager_parts.h)
 
 namespace {
 
@@ -27,9 +27,36 @@ constexpr int kWarmMaxSize = 4096;  // ready sandboxes one pool may ask for
 
 }  // namespace
 
-// --- warm pools -------------------------------------------------------------
+std::string WarmKey(const SandboxSpec& spec) {
+  return StrCat(spec.backend, "|", Join(spec.layers, ","), "|", cache::DefaultStoreUrl(spec.store), "|", spec.limits.cpus, "|", spec.limits.memory, "|",
+                spec.limits.pids, "|", spec.disk, "|", spec.network.ToJson().dump());
+}
 
-json SandboxManager::WarmPool::Info() const {
+json WarmSpecJson(const SandboxSpec& spec) {
+  return {{"backend", spec.backend},          {"layers", spec.layers}, {"store", spec.store},
+          {"cpus", spec.limits.cpus},          {"memory", spec.limits.memory},
+          {"pids", spec.limits.pids},          {"disk", spec.disk},
+          {"network", spec.network.ToJson()}};
+}
+
+Result<SandboxSpec> WarmSpecFromJson(const json& j) {
+  SandboxSpec spec;
+  try {
+    spec.backend = j.value("backend", std::string(kDefaultBackend));  // (pools recorded before microVM pools were container ones)
+    spec.layers = j.at("layers").get<std::vector<std::string>>();
+    spec.store = j.value("store", "");
+    spec.limits.cpus = j.value("cpus", 0.0);
+    spec.limits.memory = j.value("memory", uint64_t{0});
+    spec.limits.pids = j.value("pids", int64_t{0});
+    spec.disk = j.value("disk", uint64_t{10} << 30);
+  } catch (const json::exception& e) {
+    return Error(EINVAL, StrCat("warm pool spec: ", e.what()));
+  }
+  STRATA_ASSIGN_OR_RETURN(spec.network, NetPolicy::FromJson(j.value("network", json())));
+  return spec;
+}
+
+json WarmPools::Pool::Info() const {
   json j = WarmSpecJson(spec);
   j["name"] = name;
   j["size"] = size;
@@ -44,34 +71,80 @@ json SandboxManager::WarmPool::Info() const {
   return j;
 }
 
-Status SandboxManager::RecordWarmPool(const WarmPool& pool) {
+WarmPools::~WarmPools() { Stop(); }
+
+void WarmPools::Start(int fillers) {
+  for (int i = 0; i < fillers; ++i) fillers_.emplace_back([this] { Fill(); });
+}
+
+void WarmPools::Stop() {
+  {
+    std::lock_guard lock(mu_);
+    if (stopping_ && fillers_.empty()) return;
+    stopping_ = true;
+    for (int fd : warm_up_cancels_) ::close(fd);  // (abandons warm-up commands)
+    warm_up_cancels_.clear();
+  }
+  cv_.notify_all();
+  for (auto& t : fillers_) t.join();
+  fillers_.clear();
+  // Ready warm sandboxes, like the others, are adopted again by the next daemon.
+  std::lock_guard lock(mu_);
+  for (auto& [key, pool] : pools_) {
+    for (auto& sb : pool->ready) sb->Release();
+  }
+}
+
+Status WarmPools::Restore(const std::string& key, const json& record) {
+  auto spec = WarmSpecFromJson(record.value("spec", json::object()));
+  if (!spec.ok()) {
+    STRATA_LOG(kWarn) << "removing warm pool " << key << ": " << spec.status().ToString();
+    return registry_.ForgetLasting(key);
+  }
+  auto pool = std::make_shared<Pool>();
+  pool->key = WarmKey(*spec);
+  pool->name = record.value("name", "");
+  pool->spec = std::move(*spec);
+  pool->size = record.value("size", 0);
+  std::lock_guard lock(mu_);
+  pools_[pool->key] = std::move(pool);
+  return OkStatus();
+}
+
+bool WarmPools::AdoptReady(const std::string& name, std::unique_ptr<Sandbox>& sandbox) {
+  std::lock_guard lock(mu_);
+  for (auto& [key, p] : pools_) {
+    if (p->name == name) {
+      p->ready.push_back(std::move(sandbox));
+      return true;
+    }
+  }
+  return false;
+}
+
+Status WarmPools::RecordPool(const Pool& pool) {
   // (The lasting registry: a pool outlives a reboot, its sandboxes do not.)
   const std::string key = "warm:" + pool.name;
-  if (pool.size == 0) return registry_->ForgetLasting(key);
-  return registry_->RecordLasting(
+  if (pool.size == 0) return registry_.ForgetLasting(key);
+  return registry_.RecordLasting(
       key, {{"kind", "warm-pool"}, {"name", pool.name}, {"size", pool.size}, {"spec", WarmSpecJson(pool.spec)}});
 }
 
-void SandboxManager::SetWarmAdmission(std::function<WarmVerdict(size_t)> admit) {
+void WarmPools::SetAdmission(std::function<Verdict(size_t)> admit) {
   {
     std::lock_guard lock(admit_mu_);  // (waits for a call in progress)
-    warm_admit_ = std::move(admit);
+    admit_ = std::move(admit);
   }
-  warm_cv_.notify_all();
+  cv_.notify_all();
 }
 
-const BackendKind* SandboxManager::KindOf(const std::string& backend) const {
-  if (!node_.backends) return nullptr;
+bool WarmPools::Pooled(const std::string& backend) const {
+  if (!node_.backends) return false;
   auto kind = node_.backends->Find(backend);
-  return kind.ok() ? *kind : nullptr;
+  return kind.ok() && (*kind)->warm_pools;
 }
 
-bool SandboxManager::Pooled(const std::string& backend) const {
-  const BackendKind* kind = KindOf(backend);
-  return kind && kind->warm_pools;
-}
-
-Result<json> SandboxManager::SetWarmPool(SandboxSpec spec, int size) {
+Result<json> WarmPools::Set(SandboxSpec spec, int size) {
   if (!Pooled(spec.backend)) {
     std::vector<std::string> pooled;
     if (node_.backends) {
@@ -94,10 +167,10 @@ Result<json> SandboxManager::SetWarmPool(SandboxSpec spec, int size) {
   const std::string key = WarmKey(spec);
   json info;
   {
-    std::lock_guard lock(warm_mu_);
-    auto& pool = warm_[key];
+    std::lock_guard lock(mu_);
+    auto& pool = pools_[key];
     if (!pool) {
-      pool = std::make_shared<WarmPool>();
+      pool = std::make_shared<Pool>();
       pool->key = key;
       pool->name = "wp-" + HashBytes(key).Hex().substr(0, 12);
       pool->spec = spec;
@@ -108,110 +181,121 @@ Result<json> SandboxManager::SetWarmPool(SandboxSpec spec, int size) {
     }
     const int old_size = pool->size;
     pool->size = size;
-    if (Status s = RecordWarmPool(*pool); !s.ok()) {
+    if (Status s = RecordPool(*pool); !s.ok()) {
       pool->size = old_size;
       return s.Annotate("warm pool " + pool->name);
     }
     info = pool->Info();
     // (A pool of size 0 stays in the map until its ready sandboxes are gone.)
   }
-  warm_cv_.notify_all();
+  cv_.notify_all();
   return info;
 }
 
-json SandboxManager::WarmPools() {
+json WarmPools::List() {
   json out = json::array();
-  std::lock_guard lock(warm_mu_);
-  for (auto& [key, pool] : warm_) {
+  std::lock_guard lock(mu_);
+  for (auto& [key, pool] : pools_) {
     if (pool->size > 0 || !pool->ready.empty() || pool->filling > 0 || pool->removing > 0) out.push_back(pool->Info());
   }
   return out;
 }
 
-Result<std::optional<json>> SandboxManager::TakeWarm(const SandboxSpec& spec, const std::string& owner) {
-  if (!Pooled(spec.backend)) return std::optional<json>();
-  StepTimer timer(spec.id);
+std::optional<WarmPools::Taken> WarmPools::Take(const SandboxSpec& spec) {
+  if (!Pooled(spec.backend)) return std::nullopt;
   const std::string key = WarmKey(spec);
-  std::shared_ptr<WarmPool> pool;
-  std::shared_ptr<Sandbox> sb;
   while (true) {
+    std::shared_ptr<Pool> pool;
+    std::shared_ptr<Sandbox> sb;
     {
-      std::lock_guard lock(warm_mu_);
-      auto it = warm_.find(key);
-      if (it == warm_.end() || it->second->ready.empty()) return std::optional<json>();
+      std::lock_guard lock(mu_);
+      auto it = pools_.find(key);
+      if (it == pools_.end() || it->second->ready.empty()) return std::nullopt;
       pool = it->second;
       sb = std::move(pool->ready.front());
       pool->ready.pop_front();
       last_take_ = std::chrono::steady_clock::now();
     }
-    warm_cv_.notify_all();  // a filler makes the next one
-    timer.Step("take from the warm pool");
-    if (sb->Takeable()) break;
+    cv_.notify_all();  // a filler makes the next one
+    if (sb->Takeable()) return Taken{std::move(sb), pool->name};
     // Its agent died while it waited (killed, out of memory): the next one.
     STRATA_LOG(kWarn) << "warm pool " << pool->name << ": sandbox " << sb->id() << " does not answer; removing it";
-    sb->Destroy().IgnoreError();
-    Forget(sb->id()).IgnoreError();
+    Discard(*sb);
   }
-  auto give_back = [&](const Status& s) {
-    STRATA_LOG(kWarn) << "warm pool " << pool->name << ": take " << sb->id() << ": " << s.ToString();
-    sb->Destroy().IgnoreError();
-    Forget(sb->id()).IgnoreError();
-    return s;
-  };
-  timer.Step("see that its agent is there");
-  json assignment = sb->Assign(spec);
-  {
-    // One transaction: the sandbox is the pool's or the create's, never
-    // both; the create's settings are in its record (a restart hands them
-    // back with Reassign), so the take writes nothing else.
-    json record = {{"status", "running"}, {"created", assignment["created"]}, {"owner", owner},
-                   {"internal", sb->id()}, {"warm", pool->name}, {"assigned", std::move(assignment)}};
-    record.update(Entry::RecordOf(spec));
-    if (Status s = registry_->Rename(sb->id(), spec.id, record); !s.ok()) return give_back(s.Annotate("record sandbox " + spec.id));
+}
+
+void WarmPools::Took(const std::string& name) {
+  std::lock_guard lock(mu_);
+  for (auto& [key, p] : pools_) {
+    if (p->name == name) ++p->taken;
   }
-  timer.Step("record");
-  auto entry = std::make_shared<Entry>();
-  entry->id = spec.id;
-  entry->warm_pool = pool->name;
-  entry->memory_commit = MemoryCommit(node_, sb->spec());
-  entry->owner = owner;
-  entry->Settle(spec);
-  entry->last_call_ms = NowMs();
-  entry->sandbox = std::move(sb);
-  {
-    std::lock_guard lock(mu_);
-    sandboxes_[spec.id] = entry;
+}
+
+void WarmPools::Discard(Sandbox& sandbox) {
+  sandbox.Destroy().IgnoreError();
+  registry_.Forget(sandbox.id()).IgnoreError();
+}
+
+uint64_t WarmPools::CommittedMemory() {
+  uint64_t sum = 0;
+  std::lock_guard lock(mu_);
+  for (auto& [key, p] : pools_) sum += (p->ready.size() + static_cast<size_t>(p->filling)) * MemoryCommit(node_, p->spec);
+  return sum;
+}
+
+uint64_t WarmPools::FillCommit() {
+  uint64_t most = 0;
+  std::lock_guard lock(mu_);
+  for (auto& [key, p] : pools_) {
+    if (static_cast<int>(p->ready.size()) + p->filling < p->size) most = std::max(most, MemoryCommit(node_, p->spec));
   }
-  {
-    std::lock_guard lock(warm_mu_);
-    ++pool->taken;
+  return most;
+}
+
+bool WarmPools::ReadyFor(const SandboxSpec& spec) {
+  if (!Pooled(spec.backend)) return false;
+  std::lock_guard lock(mu_);
+  auto it = pools_.find(WarmKey(spec));
+  return it != pools_.end() && !it->second->ready.empty();
+}
+
+void WarmPools::AddIds(std::set<std::string>& ids) {
+  std::lock_guard lock(mu_);
+  for (auto& [key, p] : pools_) {
+    for (auto& sb : p->ready) ids.insert(sb->id());
   }
-  ++creations_;
-  return std::optional<json>(entry->Info());
+}
+
+void WarmPools::AppendMetrics(std::string& out) {
+  std::lock_guard lock(mu_);
+  out += "# HELP strata_warm_ready Ready sandboxes of warm pools, by pool.\n# TYPE strata_warm_ready gauge\n";
+  for (auto& [key, p] : pools_) out += StrCat("strata_warm_ready{pool=\"", p->name, "\"} ", p->ready.size(), "\n");
+  out += "# HELP strata_warm_taken_total Creations served by a warm pool, by pool.\n# TYPE strata_warm_taken_total counter\n";
+  for (auto& [key, p] : pools_) out += StrCat("strata_warm_taken_total{pool=\"", p->name, "\"} ", p->taken, "\n");
 }
 
 // Each filler thread: picks a pool short of ready sandboxes and makes one,
 // or removes one no pool wants (a pool shrunk or removed, memory short).
-void SandboxManager::FillWarm() {
-  std::unique_lock lock(warm_mu_);
-  while (!warm_stopping_) {
+void WarmPools::Fill() {
+  std::unique_lock lock(mu_);
+  while (!stopping_) {
     size_t held = 0;
-    for (auto& [key, p] : warm_) held += p->ready.size() + static_cast<size_t>(p->filling);
-    WarmVerdict verdict;
+    for (auto& [key, p] : pools_) held += p->ready.size() + static_cast<size_t>(p->filling);
+    Verdict verdict;
     lock.unlock();
     {
       std::lock_guard admit_lock(admit_mu_);
-      if (warm_admit_) verdict = warm_admit_(held);
+      if (admit_) verdict = admit_(held);
     }
     lock.lock();
-    if (warm_stopping_) break;
-    // The pools as the policy sees them (warm_policy.h), in warm_'s order.
-    std::vector<std::shared_ptr<WarmPool>> pools;
+    if (stopping_) break;
+    // The pools as the policy sees them (warm_policy.h), in pools_'s order.
+    std::vector<std::shared_ptr<Pool>> pools;
     std::vector<warm::PoolView> views;
     auto look = [&] {
       pools.clear();
       views.clear();
-      for (auto& [key, p] : warm_) {
+      for (auto& [key, p] : pools_) {
         pools.push_back(p);
         views.push_back({.size = p->size, .ready = static_cast<int>(p->ready.size()), .filling = p->filling, .retry_at = p->retry_at});
       }
@@ -219,7 +303,7 @@ void SandboxManager::FillWarm() {
     look();
     // Surplus first: a shrunk pool's, or any under memory pressure.
     if (const int i = warm::Surplus(views, verdict.shed); i >= 0) {
-      std::shared_ptr<WarmPool> from = pools[i];
+      std::shared_ptr<Pool> from = pools[i];
       std::shared_ptr<Sandbox> surplus = std::move(from->ready.back());
       from->ready.pop_back();
       if (verdict.shed) ++from->shed;
@@ -228,13 +312,13 @@ void SandboxManager::FillWarm() {
       const std::string id = surplus->id();
       Status s = surplus->Destroy();
       if (!s.ok()) STRATA_LOG(kWarn) << "warm pool " << from->name << ": remove " << id << ": " << s.ToString();
-      Forget(id).IgnoreError();
+      registry_.Forget(id).IgnoreError();
       surplus.reset();
       lock.lock();
       --from->removing;
       continue;
     }
-    std::erase_if(warm_, [](const auto& kv) {
+    std::erase_if(pools_, [](const auto& kv) {
       return kv.second->size == 0 && kv.second->ready.empty() && kv.second->filling == 0 && kv.second->removing == 0;
     });
     look();
@@ -242,21 +326,21 @@ void SandboxManager::FillWarm() {
     const int fill = warm::ToFill(views, verdict.status.ok(), now);
     // A burst of takes comes first (or the pool has run dry).
     if (fill >= 0 && warm::WaitForQuiet(views[fill], now, last_take_)) {
-      warm_cv_.wait_for(lock, warm::kRefillQuiet);
+      cv_.wait_for(lock, warm::kRefillQuiet);
       continue;
     }
     if (fill < 0) {
       // (Woken by a take, a new size or the admission; else a look every
       // half second: memory comes and goes.)
-      warm_cv_.wait_for(lock, std::chrono::milliseconds(500));
+      cv_.wait_for(lock, std::chrono::milliseconds(500));
       continue;
     }
-    std::shared_ptr<WarmPool> pool = pools[fill];
+    std::shared_ptr<Pool> pool = pools[fill];
     ++pool->filling;
     SandboxSpec spec = pool->spec;
     lock.unlock();
     spec.id = NewSandboxId(node_.name);
-    Status s = Record(spec.id, {{"status", "creating"}, {"kind", "warm"}, {"pool", pool->name}});
+    Status s = registry_.Record(spec.id, {{"status", "creating"}, {"kind", "warm"}, {"pool", pool->name}});
     std::shared_ptr<Sandbox> made;
     if (s.ok()) {
       auto sb = Sandbox::Create(spec, node_);
@@ -265,7 +349,7 @@ void SandboxManager::FillWarm() {
         if (made->kind().warm_up && !WarmUpGuest(*made)) {
           s = Error(EHOSTDOWN, StrCat("sandbox ", spec.id, ": it stopped answering its warm-up command"));
         } else {
-          s = Record(spec.id, {{"status", "running"}, {"kind", "warm"}, {"pool", pool->name}});
+          s = registry_.Record(spec.id, {{"status", "running"}, {"kind", "warm"}, {"pool", pool->name}});
         }
         if (!s.ok()) {
           made->Destroy().IgnoreError();
@@ -274,7 +358,7 @@ void SandboxManager::FillWarm() {
       } else {
         s = sb.status();
       }
-      if (!made) Forget(spec.id).IgnoreError();
+      if (!made) registry_.Forget(spec.id).IgnoreError();
     }
     lock.lock();
     --pool->filling;
@@ -301,13 +385,13 @@ void SandboxManager::FillWarm() {
 // it offers the guest; it leaves nothing behind, and a stack without
 // `true` only keeps that cost for its taker. The agent bounds the command;
 // a guest that hangs whole is abandoned when the daemon stops.
-bool SandboxManager::WarmUpGuest(Sandbox& sb) {
+bool WarmPools::WarmUpGuest(Sandbox& sb) {
   int p[2];
   if (::pipe2(p, O_CLOEXEC) != 0) return sb.Alive();
   UniqueFd hangup(p[0]);
   {
-    std::lock_guard lock(warm_mu_);
-    if (warm_stopping_) {
+    std::lock_guard lock(mu_);
+    if (stopping_) {
       ::close(p[1]);
       return false;
     }
@@ -319,12 +403,12 @@ bool SandboxManager::WarmUpGuest(Sandbox& sb) {
   warm.cancel_fd = hangup.get();
   auto r = sb.Exec(std::move(warm), [](int, std::string_view) {});
   {
-    std::lock_guard lock(warm_mu_);
+    std::lock_guard lock(mu_);
     if (auto it = std::find(warm_up_cancels_.begin(), warm_up_cancels_.end(), p[1]); it != warm_up_cancels_.end()) {
       warm_up_cancels_.erase(it);
       ::close(p[1]);
     }
-    if (warm_stopping_) return false;
+    if (stopping_) return false;
   }
   if (!r.ok()) STRATA_LOG(kWarn) << "warm pool: warm-up command in " << sb.id() << ": " << r.status().ToString();
   return r.ok() || sb.Alive();
