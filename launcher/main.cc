@@ -17,7 +17,7 @@ int main(int argc, char** argv) {
   cli.node = NodeConfig::FromEnvironment();
   cli.node.backends = NodeBackends();
   for (cli::AddVerb add : {cli::AddRun, cli::AddDoctor, cli::AddServe, cli::AddGateway, cli::AddCordon, cli::AddUncordon,
-                           cli::AddDrain, cli::AddNodes, cli::AddToken, cli::AddCreate, cli::AddNet, cli::AddExec, cli::AddCp,
+                           cli::AddDrain, cli::AddNodes, cli::AddToken, cli::AddCreate, cli::AddNet, cli::AddUsage, cli::AddExec, cli::AddCp,
                            cli::AddPause, cli::AddResume, cli::AddSnapshot, cli::AddDestroy, cli::AddWarm, cli::AddTemplate, cli::AddLs}) {
     add(app, cli);
   }

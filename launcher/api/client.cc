@@ -139,6 +139,11 @@ Result<json> LauncherClient::Network(const std::string& id) {
   return ParseJson(body);
 }
 
+Result<json> LauncherClient::Usage(const std::string& id) {
+  STRATA_ASSIGN_OR_RETURN(std::string body, Call("GET", "/v1/sandboxes/" + id + "/usage", ""));
+  return ParseJson(body);
+}
+
 Result<json> LauncherClient::SetNetwork(const std::string& id, const json& policy) {
   STRATA_ASSIGN_OR_RETURN(std::string body, Call("PUT", "/v1/sandboxes/" + id + "/network", policy.dump()));
   return ParseJson(body);

@@ -48,6 +48,7 @@ class LauncherClient {
   Result<std::string> Get(const std::string& id, const std::string& path);
   Status Pause(const std::string& id);
   Result<nlohmann::json> Network(const std::string& id);
+  Result<nlohmann::json> Usage(const std::string& id);
   Result<nlohmann::json> SetNetwork(const std::string& id, const nlohmann::json& policy);
   Status Resume(const std::string& id);
   Result<nlohmann::json> Snapshot(const std::string& id, const std::string& tag, bool include_denied = false);

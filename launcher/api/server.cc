@@ -360,7 +360,11 @@ Response LauncherServer::Route(const Request& req, const Caller& caller) {
 
   if (verb.empty() && req.method == "DELETE") return Destroy(req, id, caller);
   if (Status s = CheckOwner(id, caller); !s.ok()) return Fail(s);
-  manager_.Touch(id);  // every call on a sandbox renews its ttl
+  if (verb == "usage" && req.method == "GET") {  // (watching a sandbox does not keep it alive)
+    auto r = manager_.Usage(id);
+    return r.ok() ? Json(*r) : Fail(r.status());
+  }
+  manager_.Touch(id);  // every other call on a sandbox renews its ttl
   if (verb == "keepalive" && req.method == "POST") {
     auto info = manager_.Info(id);
     return info.ok() ? Json(*info) : Fail(info.status());

@@ -37,6 +37,7 @@ void AddCreate(CLI::App&, Cli&);
 void AddExec(CLI::App&, Cli&);
 void AddCp(CLI::App&, Cli&);
 void AddNet(CLI::App&, Cli&);
+void AddUsage(CLI::App&, Cli&);
 void AddPause(CLI::App&, Cli&);
 void AddResume(CLI::App&, Cli&);
 void AddSnapshot(CLI::App&, Cli&);

@@ -93,6 +93,15 @@ class Gateway {
   HttpServer::Response E2bControl(const HttpServer::Request& request, const Caller& caller);
   HttpServer::Response E2bCreate(const HttpServer::Request& request, const Caller& caller);
   HttpServer::Response E2bList(const HttpServer::Request& request, const Caller& caller);
+  // GET /sandboxes/metrics: each node answers for the sandboxes it has.
+  HttpServer::Response E2bMetrics(const HttpServer::Request& request, const Caller& caller);
+  // The same GET (path and query) to every live node at once: each
+  // node's JSON answer, and the nodes that are not live or did not answer.
+  struct FanOutAnswers {
+    std::vector<std::pair<std::string, Forwarder::Outcome>> answers;
+    std::vector<std::string> missing;
+  };
+  FanOutAnswers FanOut(const HttpServer::Request& request, const Caller& caller);
   HttpServer::Response E2bEnvd(const HttpServer::Request& request);
   std::unique_ptr<HttpServer::Upload> E2bUpload(const HttpServer::Request& request,
                                                 std::optional<HttpServer::Response>* refusal);

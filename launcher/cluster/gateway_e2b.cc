@@ -84,6 +84,7 @@ Response Gateway::E2bControl(const Request& req, const Caller& caller) {
   const bool list_path = req.path == "/sandboxes" || req.path == "/v2/sandboxes";
   if (list_path && req.method == "POST") return E2bCreate(req, caller);
   if (list_path && req.method == "GET") return E2bList(req, caller);
+  if (req.path == "/sandboxes/metrics" && req.method == "GET") return E2bMetrics(req, caller);
   std::optional<NodeState> node;
   if (req.path.starts_with("/sandboxes/") || req.path.starts_with("/v2/sandboxes/")) {
     const size_t skip = req.path.starts_with("/v2/") ? 14 : 11;
@@ -139,33 +140,59 @@ Response Gateway::E2bCreate(const Request& req, const Caller& caller) {
   return Place(req, caller, want);
 }
 
-Response Gateway::E2bList(const Request& req, const Caller& caller) {
+Gateway::FanOutAnswers Gateway::FanOut(const Request& req, const Caller& caller) {
   auto v = view();
   std::vector<std::pair<std::string, std::future<Forwarder::Outcome>>> asks;
-  std::vector<std::string> missing;
+  FanOutAnswers out;
   for (const auto& [name, state] : *v) {
     if (!state.live) {
-      missing.push_back(name);
+      out.missing.push_back(name);
       continue;
     }
     asks.emplace_back(name, std::async(std::launch::async, [this, state, &req, &caller] {
-      Request list;
-      list.method = "GET";
-      list.path = req.path;
-      list.query = req.query;  // (filters, limit and nextToken: each node's first page after it)
-      Forwarder::Call call = CallFor(list, caller, state);
+      Request ask;
+      ask.method = "GET";
+      ask.path = req.path;
+      ask.query = req.query;
+      Forwarder::Call call = CallFor(ask, caller, state);
       call.timeout = gw::kFanOutTimeout;
       return forwarder_->Forward(std::move(call));
     }));
   }
+  for (auto& [name, ask] : asks) out.answers.emplace_back(name, ask.get());
+  return out;
+}
+
+Response Gateway::E2bMetrics(const Request& req, const Caller& caller) {
+  FanOutAnswers fan = FanOut(req, caller);
+  json all = json::object();
+  for (auto& [name, out] : fan.answers) {
+    std::optional<std::string> body = out.error.ok() && out.response.status == 200 ? gw::WholeBody(out) : std::nullopt;
+    json part = body ? json::parse(*body, nullptr, false) : json();
+    if (!part.is_object() || !part.contains("sandboxes") || !part["sandboxes"].is_object()) {
+      // (A node's refusal of the query is every node's: pass the first on.)
+      if (out.error.ok() && out.response.status == 400) return FromNode(name, std::move(out.response));
+      fan.missing.push_back(name);
+      continue;
+    }
+    all.update(part["sandboxes"]);
+  }
+  Response r = api::Json({{"sandboxes", std::move(all)}});
+  if (!fan.missing.empty()) r.headers.emplace_back("X-Strata-Missing-Nodes", Join(fan.missing, ","));
+  return r;
+}
+
+Response Gateway::E2bList(const Request& req, const Caller& caller) {
+  // (Filters, limit and nextToken go to every node: each answers its first page after the token.)
+  FanOutAnswers fan = FanOut(req, caller);
+  std::vector<std::string>& missing = fan.missing;
   size_t limit = kMaxPage;
   if (auto it = req.query.find("limit"); it != req.query.end() && !it->second.empty()) {
     limit = std::clamp<size_t>(std::strtoull(it->second.c_str(), nullptr, 10), 1, kMaxPage);
   }
   std::vector<json> rows;
   bool more = false;
-  for (auto& [name, ask] : asks) {
-    auto out = ask.get();
+  for (auto& [name, out] : fan.answers) {
     std::optional<std::string> body = out.error.ok() && out.response.status == 200 ? gw::WholeBody(out) : std::nullopt;
     json part = body ? json::parse(*body, nullptr, false) : json();
     if (!part.is_array()) {

@@ -277,6 +277,7 @@ Response Plane::Control(const Request& req, const Caller& caller) {
   if (!body.is_object()) return RestError(400, req.method + " " + req.path + ": the body is not a JSON object");
   if ((req.path == "/sandboxes" || req.path == "/v2/sandboxes") && req.method == "POST") return Create(req, body, caller);
   if ((req.path == "/sandboxes" || req.path == "/v2/sandboxes") && req.method == "GET") return List(req, caller, req.path == "/v2/sandboxes");
+  if (req.path == "/sandboxes/metrics" && req.method == "GET") return Metrics(req, caller);
   if (req.path == "/snapshots") return RestError(501, "snapshots: not served yet by strata's E2B plane (use /v1 snapshot)");
   // /sandboxes/ID[/verb] and /v2/sandboxes/ID/connect
   const size_t skip = req.path.starts_with("/v2/") ? 14 : 11;
@@ -327,10 +328,74 @@ Response Plane::Control(const Request& req, const Caller& caller) {
     return r.ok() ? NoContent() : RestError(r.status());
   }
   if ((verb == "connect" || verb == "resume") && req.method == "POST") return Connect(id, body, caller);
-  if (verb == "metrics" || verb == "logs" || verb == "snapshots" || verb == "fork" || verb == "network") {
+  if (verb == "metrics" && req.method == "GET") {
+    // One metric, now: the node samples a sandbox when asked, and keeps no
+    // history (an interval that ends before now has none).
+    auto bound = [&](const char* name) -> std::optional<double> {
+      auto it = req.query.find(name);
+      if (it == req.query.end() || it->second.empty()) return std::nullopt;
+      return std::strtod(it->second.c_str(), nullptr);
+    };
+    auto m = Metric(id, caller);
+    if (!m.ok()) return RestError(m.status());
+    const double at = (*m)["timestampUnix"].get<double>();
+    json out = json::array();
+    const auto start = bound("start"), end = bound("end");
+    if ((!start || *start <= at + 1) && (!end || at <= *end + 1)) out.push_back(std::move(*m));
+    return RestJson(out);
+  }
+  if (verb == "logs" || verb == "snapshots" || verb == "fork" || verb == "network") {
     return RestError(501, StrCat(req.method, " ", req.path, ": not served yet by strata's E2B plane"));
   }
   return RestError(404, "no API " + req.method + " " + req.path);
+}
+
+Result<json> Plane::Metric(const std::string& id, const Caller& caller) {
+  STRATA_ASSIGN_OR_RETURN(json u, V1("GET", "/v1/sandboxes/" + id + "/usage", nullptr, caller));
+  const double now = u.value("time", NowSeconds());
+  const json cpu = u.value("cpu", json::object()), memory = u.value("memory", json::object()), disk = u.value("disk", json::object());
+  const double cpus = cpu.value("limit", 0.0);
+  const int count = cpus > 0 ? static_cast<int>(std::ceil(cpus)) : static_cast<int>(std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN)));
+  const double used = cpu.value("seconds", 0.0);
+  double pct = 0;
+  {
+    std::lock_guard lock(mu_);
+    auto [it, fresh] = cpu_seen_.try_emplace(id, CpuSample{u.value("created", now), 0});
+    const double wall = now - it->second.time;
+    if (wall > 0) pct = std::clamp((used - it->second.seconds) / wall / count * 100, 0.0, 100.0);
+    it->second = {now, used};
+    if (fresh && cpu_seen_.size() > 4096) {  // (those of sandboxes that are gone)
+      std::erase_if(cpu_seen_, [&](const auto& kv) { return !server_.manager().Exists(kv.first); });
+    }
+  }
+  uint64_t mem_total = memory.value("limit", uint64_t{0});
+  if (mem_total == 0) mem_total = static_cast<uint64_t>(::sysconf(_SC_PHYS_PAGES)) * static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  return json{{"timestamp", Rfc3339(now)},
+              {"timestampUnix", static_cast<int64_t>(now)},
+              {"cpuCount", count},
+              {"cpuUsedPct", pct},
+              {"memUsed", memory.value("used", uint64_t{0})},
+              {"memTotal", mem_total},
+              {"memCache", memory.value("cache", uint64_t{0})},
+              {"diskUsed", disk.value("used", uint64_t{0})},
+              {"diskTotal", disk.value("limit", uint64_t{0})}};
+}
+
+Response Plane::Metrics(const Request& req, const Caller& caller) {
+  auto ids = req.query.find("sandbox_ids");
+  if (ids == req.query.end() || ids->second.empty()) return RestError(400, "sandboxes metrics: give ?sandbox_ids=ID,ID,...");
+  std::vector<std::string> wanted;
+  for (const auto& id : Split(ids->second, ',')) {
+    if (!id.empty() && std::find(wanted.begin(), wanted.end(), id) == wanted.end()) wanted.push_back(id);
+  }
+  if (wanted.size() > 100) return RestError(400, StrCat("sandboxes metrics: ", wanted.size(), " sandboxes asked for, at most 100"));
+  json out = json::object();
+  for (const auto& id : wanted) {
+    // (One the caller may not see, or that is not here, is left out.)
+    if (!IsSandboxId(id) || !server_.CheckOwner(id, caller).ok()) continue;
+    if (auto m = Metric(id, caller); m.ok()) out[id] = std::move(*m);
+  }
+  return RestJson({{"sandboxes", std::move(out)}});
 }
 
 Response Plane::Create(const Request& req, const json& body, const Caller& caller) {

@@ -62,6 +62,12 @@ class Plane {
   HttpServer::Response Connect(const std::string& id, const nlohmann::json& body, const Caller& caller);
   HttpServer::Response List(const HttpServer::Request& request, const Caller& caller, bool v2);
   HttpServer::Response Templates(const HttpServer::Request& request, const Caller& caller);
+  // E2B's SandboxMetric of sandbox `id` now (from /v1 usage); its CPU
+  // share is over the time since the last metric of it asked here (or
+  // since it was created).
+  Result<nlohmann::json> Metric(const std::string& id, const Caller& caller);
+  // GET /sandboxes/metrics?sandbox_ids=A,B: the caller's sandboxes of those.
+  HttpServer::Response Metrics(const HttpServer::Request& request, const Caller& caller);
   // A /v1 call for `caller`: its answer's JSON, or the error it answered.
   Result<nlohmann::json> V1(const std::string& method, const std::string& path, const nlohmann::json& body,
                             const Caller& caller, int* status = nullptr, const std::string& idempotency_key = "");
@@ -85,6 +91,11 @@ class Plane {
   std::string secret_;
   std::mutex mu_;
   std::map<std::string, Template> templates_;
+  struct CpuSample {
+    double time = 0;     // unix seconds
+    double seconds = 0;  // CPU time used by then
+  };
+  std::map<std::string, CpuSample> cpu_seen_;  // (under mu_) the last metric's, by sandbox
   std::mutex watchers_mu_;
   std::map<std::string, std::shared_ptr<Watcher>> watchers_;  // polled watchers, by id
 };

@@ -352,6 +352,23 @@ Result<json> SandboxManager::Network(const std::string& id) {
   return j;
 }
 
+Result<json> SandboxManager::Usage(const std::string& id) {
+  STRATA_ASSIGN_OR_RETURN(auto entry, Find(id));
+  std::shared_ptr<Sandbox> sb;
+  {
+    std::lock_guard lock(entry->mu);
+    if (entry->gone()) return Error(ENOENT, StrCat("sandbox ", id, " is being destroyed"));
+    sb = entry->sandbox ? entry->sandbox : entry->pool->warm;
+  }
+  json j = sb->Usage();
+  j["id"] = id;
+  if (entry->pool) {
+    j["shared"] = true;
+    j["created"] = entry->created;
+  }
+  return j;
+}
+
 Result<json> SandboxManager::SetNetwork(const std::string& id, const NetPolicy& policy) {
   STRATA_ASSIGN_OR_RETURN(auto entry, Find(id));
   {

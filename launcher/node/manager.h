@@ -90,6 +90,9 @@ class SandboxManager {
   // sandbox (EBADSLT for one without an interface, or of a pool).
   Result<nlohmann::json> Network(const std::string& id);
   Result<nlohmann::json> SetNetwork(const std::string& id, const NetPolicy& policy);
+  // What the sandbox uses now (Sandbox::Usage); a function-call sandbox's
+  // is its pool's, which all of the pool's sandboxes share ("shared": true).
+  Result<nlohmann::json> Usage(const std::string& id);
   Result<nlohmann::json> Info(const std::string& id);
   // Every sandbox, or only those of `owner` when it is set.
   nlohmann::json List(const std::optional<std::string>& owner = std::nullopt);

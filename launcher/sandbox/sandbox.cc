@@ -518,6 +518,33 @@ json Sandbox::Info() const {
           {"kill_leftovers", spec_.kill_leftovers}};
 }
 
+json Sandbox::Usage() const {
+  const std::string cgroup = StrCat(node_.cgroup_parent, "/", id_);
+  auto number = [](const Result<std::string>& text) -> std::optional<uint64_t> {
+    if (!text.ok()) return std::nullopt;
+    return static_cast<uint64_t>(std::strtoull(text->c_str(), nullptr, 10));
+  };
+  const double now = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  json cpu = {{"limit", spec_.limits.cpus}};
+  if (auto ns = number(ReadFileToString(StrCat("/sys/fs/cgroup/cpuacct/", cgroup, "/cpuacct.usage")))) {
+    cpu["seconds"] = static_cast<double>(*ns) / 1e9;
+  }
+  json memory = {{"limit", spec_.limits.memory}};
+  if (auto used = number(ReadFileToString(StrCat("/sys/fs/cgroup/memory/", cgroup, "/memory.usage_in_bytes")))) {
+    memory["used"] = *used;
+  }
+  if (auto stat = ReadFileToString(StrCat("/sys/fs/cgroup/memory/", cgroup, "/memory.stat")); stat.ok()) {
+    for (std::string_view line : Split(*stat, '\n')) {
+      if (line.starts_with("total_cache ")) memory["cache"] = std::strtoull(std::string(line.substr(12)).c_str(), nullptr, 10);
+    }
+  }
+  json disk = {{"limit", spec_.disk}};
+  if (backend_ && backend_->upper()) {
+    if (auto used = backend_->upper()->UsedBytes(); used.ok()) disk["used"] = *used;
+  }
+  return {{"time", now}, {"created", created_}, {"cpu", std::move(cpu)}, {"memory", std::move(memory)}, {"disk", std::move(disk)}};
+}
+
 json Sandbox::NetworkSummary() const {
   json j = net_ ? net_->policy.ToJson() : spec_.network.ToJson();
   if (net_) j["address"] = Ipv4ToString(net_->address);

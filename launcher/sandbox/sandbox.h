@@ -69,6 +69,12 @@ class Sandbox {
   const BackendKind& kind() const { return *kind_; }
   const std::string& dir() const { return dir_; }
   const NodeConfig& node() const { return node_; }
+  // What it uses now, as the node sees it (a microVM: its QEMU, guest RAM
+  // and page cache included): {"time": unix seconds, "cpu": {"seconds"
+  // used since it started, "limit"}, "created" (Info's), "memory": {"used", "cache" (of used),
+  // "limit"}, "disk": {"used" (UpperVolume::UsedBytes), "limit"}}; a
+  // figure the node cannot read is left out; a limit of 0 is none.
+  nlohmann::json Usage() const;
   // The network policy, with address and counters when it has an interface.
   nlohmann::json NetworkInfo() const;
   // The policy and address only (what Info() shows).

@@ -30,6 +30,20 @@ Status CheckName(const std::string& name) {
   return OkStatus();
 }
 
+// The filesystem's id as sysfs names it (/sys/fs/btrfs/<uuid>).
+Result<std::string> FilesystemUuid(int fd) {
+  btrfs_ioctl_fs_info_args info{};
+  if (::ioctl(fd, BTRFS_IOC_FS_INFO, &info) != 0) return ErrnoError(errno, "ask btrfs for its filesystem id");
+  std::string uuid;
+  for (int i = 0; i < BTRFS_FSID_SIZE; ++i) {
+    if (i == 4 || i == 6 || i == 8 || i == 10) uuid += '-';
+    static const char kHex[] = "0123456789abcdef";
+    uuid += kHex[info.fsid[i] >> 4];
+    uuid += kHex[info.fsid[i] & 15];
+  }
+  return uuid;
+}
+
 Result<uint64_t> SubvolumeId(int fd) {
   btrfs_ioctl_ino_lookup_args args{};
   args.treeid = 0;
@@ -218,6 +232,17 @@ UpperVolume& UpperVolume::operator=(UpperVolume&& other) noexcept {
 UpperVolume::~UpperVolume() {
   Status s = Destroy();
   if (!s.ok()) STRATA_LOG(kWarn) << s.ToString();
+}
+
+Result<uint64_t> UpperVolume::UsedBytes() const {
+  if (path_.empty()) return Error(ENOENT, "upper volume: none");
+  UniqueFd fd(::open(path_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!fd.valid()) return ErrnoError(errno, StrCat("open ", path_));
+  STRATA_ASSIGN_OR_RETURN(std::string uuid, FilesystemUuid(fd.get()));
+  const std::string file = StrCat("/sys/fs/btrfs/", uuid, "/qgroups/0_", subvol_id_, "/referenced");
+  auto text = ReadFileToString(file);
+  if (!text.ok()) return std::move(text).status().Annotate(StrCat("the disk use of ", path_));
+  return static_cast<uint64_t>(std::strtoull(text->c_str(), nullptr, 10));
 }
 
 Status UpperVolume::Destroy() {

@@ -33,6 +33,10 @@ class UpperVolume {
   std::string upper() const { return path_ + "/upper"; }
   std::string work() const { return path_ + "/work"; }
   uint64_t subvolume_id() const { return subvol_id_; }
+  // The bytes the volume holds as btrfs accounts them (its qgroup's
+  // referenced bytes, which btrfs brings up to date at each transaction
+  // commit: within its commit interval, 30 s by default, or a sync).
+  Result<uint64_t> UsedBytes() const;
   // Deletes the subvolume (its qgroup goes when btrfs has dropped it).
   Status Destroy();
   // Keeps the volume when the owner goes away (a daemon re-adopts it).

@@ -298,6 +298,10 @@ class AsyncSandbox:
         """The policy, the sandbox's address and its counters."""
         return await self.client._json("GET", self._path("/network"))
 
+    async def usage(self) -> Dict[str, Any]:
+        """What it uses now (see the sync client's)."""
+        return await self.client._json("GET", self._path("/usage"))
+
     async def set_network(self, mode: str = "allow", allow: Optional[Sequence[str]] = None) -> Dict[str, Any]:
         """A new policy at once (see the sync client's)."""
         body = c.network_body(mode, allow) if allow is not None else {"mode": mode}

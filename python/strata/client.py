@@ -282,6 +282,13 @@ class Sandbox:
         """The policy, the sandbox's address and its counters."""
         return self.client._json("GET", self._path("/network"))
 
+    def usage(self) -> Dict[str, Any]:
+        """What it uses now, as the node sees it: ``time`` (unix seconds),
+        ``cpu`` (``seconds`` used since it started, ``limit``), ``memory``
+        (``used``, ``cache``, ``limit`` in bytes), ``disk`` (``used``,
+        ``limit``). Asking does not renew the ttl."""
+        return self.client._json("GET", self._path("/usage"))
+
     def set_network(self, mode: str = "allow", allow: Optional[Sequence[str]] = None) -> Dict[str, Any]:
         """A new policy at once (a task phase): new connections follow it,
         open ones it refuses are reset. Only for a sandbox created with

@@ -135,6 +135,42 @@ describe('the control plane', () => {
     assert.equal(await sbx.isRunning(), false);
   });
 
+  test('getMetrics: CPU, memory and disk now, for one sandbox or many', async () => {
+    const sbx = await fresh();
+    const other = await fresh();
+    try {
+      await sbx.commands.run('dd if=/dev/zero of=big bs=1M count=16 2>/dev/null && sync && i=0; while [ $i -lt 200000 ]; do i=$((i+1)); done');
+      const metrics = await sbx.getMetrics();
+      assert.equal(metrics.length, 1);
+      const [m] = metrics;
+      assert.ok(Math.abs(m.timestamp.getTime() - Date.now()) < 10_000, `timestamp ${m.timestamp}`);
+      assert.ok(m.cpuCount >= 1);
+      assert.ok(m.cpuUsedPct > 0 && m.cpuUsedPct <= 100, `cpuUsedPct ${m.cpuUsedPct}`);
+      assert.ok(m.memUsed > 0 && m.memUsed <= m.memTotal, `memUsed ${m.memUsed} of ${m.memTotal}`);
+      assert.ok(m.memCache <= m.memUsed);
+      assert.ok(m.diskUsed >= 16 << 20 && m.diskUsed < 32 << 20, `diskUsed ${m.diskUsed}`);
+      assert.ok(m.diskTotal > m.diskUsed);
+      // The node keeps no history: an interval that ended an hour ago has none.
+      const hourAgo = Date.now() - 3_600_000;
+      assert.deepEqual(await sbx.getMetrics({ start: new Date(hourAgo - 60_000), end: new Date(hourAgo) }), []);
+      // Idle since the last one asked.
+      const [idle] = await e2b.Sandbox.getMetrics(sbx.sandboxId);
+      assert.ok(idle.cpuUsedPct < 50, `idle cpuUsedPct ${idle.cpuUsedPct}`);
+      // Several at once: those of the caller's that are there.
+      const many = async (key) => {
+        const r = await fetch(`${node.url}/sandboxes/metrics?sandbox_ids=${sbx.sandboxId},${other.sandboxId},sb-n1-gone`, { headers: { 'X-API-KEY': key } });
+        assert.equal(r.status, 200);
+        return (await r.json()).sandboxes;
+      };
+      assert.deepEqual(Object.keys(await many(node.tenant)).sort(), [sbx.sandboxId, other.sandboxId].sort());
+      assert.deepEqual(await many(node.other), {});
+      await assert.rejects(e2b.Sandbox.getMetrics(sbx.sandboxId, { apiKey: node.other }), e2b.SandboxNotFoundError);
+    } finally {
+      await sbx.kill();
+      await other.kill();
+    }
+  });
+
   test("E2B's template build API says where templates come from", async () => {
     const r = await fetch(node.url + '/v3/templates', { method: 'POST', headers: { 'X-API-KEY': node.tenant, 'content-type': 'application/json' }, body: '{}' });
     assert.equal(r.status, 400);

@@ -534,6 +534,54 @@ TEST_F(ApiTest, ConnectionsPerClientAreCapped) {
   EXPECT_OK(bob.List().status());
 }
 
+// GET /v1/sandboxes/ID/usage: CPU time, memory and disk as the node sees
+// them, against the create's limits; the owner's alone; and watching a
+// sandbox does not renew its ttl.
+TEST_F(ApiTest, UsageIsWhatASandboxHoldsAgainstItsLimits) {
+  Serve();
+  auto bob = As(bob_);
+  ASSERT_OK_AND_ASSIGN(auto made, bob.Raw("POST", "/v1/sandboxes",
+                                          CreateBody({{"memory", 256 << 20}, {"disk", 1 << 30}, {"cpus", 1}, {"ttl", 4}}).dump()));
+  ASSERT_EQ(made.status, 201) << made.body;
+  const std::string id = json::parse(made.body)["id"];
+  ASSERT_OK_AND_ASSIGN(json before, bob.Usage(id));
+  EXPECT_EQ(before["id"], id);
+  EXPECT_EQ(before["memory"]["limit"], 256 << 20);
+  EXPECT_EQ(before["disk"]["limit"], 1 << 30);
+  EXPECT_EQ(before["cpu"]["limit"], 1.0);
+  EXPECT_GT(before["memory"].value("used", uint64_t{0}), 0u) << before.dump();
+  ASSERT_TRUE(before["cpu"].contains("seconds")) << before.dump();
+  ASSERT_TRUE(before["disk"].contains("used")) << before.dump();
+
+  // 24 MiB written and synced (btrfs counts them at its commit), and a
+  // second or so of CPU.
+  ASSERT_OK_AND_ASSIGN(auto r, bob.Exec(id, {{"argv", {"sh", "-c", "dd if=/dev/zero of=/big bs=1M count=24 2>/dev/null && sync && "
+                                                                    "i=0; while [ $i -lt 300000 ]; do i=$((i+1)); done"}}},
+                                        [](int, std::string_view) {}));
+  EXPECT_EQ(r.exit_code, 0);
+  ASSERT_OK_AND_ASSIGN(json after, bob.Usage(id));
+  EXPECT_GT(after["cpu"]["seconds"].get<double>() - before["cpu"]["seconds"].get<double>(), 0.1) << after.dump();
+  EXPECT_GE(after["disk"]["used"].get<uint64_t>(), uint64_t{24} << 20) << after.dump();
+  EXPECT_LT(after["disk"]["used"].get<uint64_t>(), uint64_t{40} << 20) << after.dump();
+  EXPECT_GE(after["memory"]["used"].get<uint64_t>(), after["memory"].value("cache", uint64_t{0})) << after.dump();
+  EXPECT_GT(after["time"].get<double>(), before["time"].get<double>());
+
+  // Another tenant's call finds no such sandbox.
+  ASSERT_OK_AND_ASSIGN(auto theirs, As(alice_).Raw("GET", "/v1/sandboxes/" + id + "/usage", ""));
+  EXPECT_EQ(theirs.status, 404) << theirs.body;
+
+  // Asked every half second, it still ends at its ttl (4 s after the exec;
+  // the reaper looks every 5 s).
+  const auto deadline = std::chrono::steady_clock::now() + 20s;
+  int status = 200;
+  while (status == 200 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(500ms);
+    ASSERT_OK_AND_ASSIGN(auto u, bob.Raw("GET", "/v1/sandboxes/" + id + "/usage", ""));
+    status = u.status;
+  }
+  EXPECT_EQ(status, 404) << "asking for its usage kept the sandbox alive";
+}
+
 TEST_F(ApiTest, InsecureListenersAreRefusedUnlessAskedFor) {
   auto serve = [&](std::vector<std::string> extra) {
     std::vector<std::string> argv = {Tool(), "serve", "--socket", socket_, "--state", dir_.Sub("state")};

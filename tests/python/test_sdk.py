@@ -49,6 +49,10 @@ def test_every_call_sync(node, target):
                 sb.exec("true")
             sb.resume()
             assert sb.exec("cat /root/note").stdout == b"kept"
+            # What it uses, against its limits.
+            usage = sb.usage()
+            assert usage["memory"]["limit"] == 64 << 20 and 0 < usage["memory"]["used"] <= 64 << 20
+            assert usage["cpu"]["seconds"] > 0 and "used" in usage["disk"]  # (btrfs counts writes at its next commit)
             # Lifetime.
             info = sb.keepalive()
             assert info["ttl"] == 600 and 590 < info["expires_in"] <= 600
@@ -95,6 +99,7 @@ def test_every_call_async(node, target):
                     await sb.exec("true")
                 await sb.resume()
                 await sb.keepalive()
+                assert (await sb.usage())["cpu"]["seconds"] > 0
                 p = await sb.exec("for i in 1 2 3; do echo $i; sleep 0.2; done", detach=True)
                 pieces = [data async for stream, data in p.output()]
                 assert b"".join(pieces) == b"1\n2\n3\n"
