@@ -364,8 +364,11 @@ Result<json> Plane::Metric(const std::string& id, const Caller& caller) {
     const double wall = now - it->second.time;
     if (wall > 0) pct = std::clamp((used - it->second.seconds) / wall / count * 100, 0.0, 100.0);
     it->second = {now, used};
-    if (fresh && cpu_seen_.size() > 4096) {  // (those of sandboxes that are gone)
+    if (cpu_seen_.size() > cpu_sweep_at_) {
+      // Those of sandboxes that are gone go; the next sweep waits until the
+      // table doubles, so many live ones never make every call sweep.
       std::erase_if(cpu_seen_, [&](const auto& kv) { return !server_.manager().Exists(kv.first); });
+      cpu_sweep_at_ = std::max<size_t>(4096, 2 * cpu_seen_.size());
     }
   }
   uint64_t mem_total = memory.value("limit", uint64_t{0});

@@ -96,6 +96,7 @@ class Plane {
     double seconds = 0;  // CPU time used by then
   };
   std::map<std::string, CpuSample> cpu_seen_;  // (under mu_) the last metric's, by sandbox
+  size_t cpu_sweep_at_ = 4096;                 // (under mu_) cpu_seen_'s size that sweeps it next
   std::mutex watchers_mu_;
   std::map<std::string, std::shared_ptr<Watcher>> watchers_;  // polled watchers, by id
 };
