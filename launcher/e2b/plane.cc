@@ -23,6 +23,7 @@
 #include "common/unique_fd.h"
 #include "launcher/api/wire.h"
 #include "launcher/e2b/connect.h"
+#include "launcher/e2b/gunzip.h"
 #include "launcher/e2b/filesystem.pb.h"
 #include "launcher/e2b/process.pb.h"
 #include "launcher/e2b/routes.h"
@@ -669,11 +670,17 @@ namespace {
 
 // POST /files: a form whose file parts are named by their destination
 // (or one body to ?path=), each written through the agent as it arrives.
+//
+// A body to ?path= sent with Content-Encoding: gzip is decoded as it
+// arrives; one that is damaged or cut short is refused (400) and its file
+// is not written (the agent's temporary file goes, the old file stays).
 class FilesUpload : public HttpServer::Upload {
  public:
-  FilesUpload(SandboxManager& manager, std::string id, std::string user, std::string path, bool form)
+  FilesUpload(SandboxManager& manager, std::string id, std::string user, std::string path, bool form, bool gzip)
       : manager_(manager), id_(std::move(id)), user_(std::move(user)), path_(std::move(path)), form_(form),
-        hold_(manager.Hold(id_)) {}
+        hold_(manager.Hold(id_)) {
+    if (gzip) gunzip_.emplace();
+  }
   bool form() const override { return form_; }
   Status WritePart(const FormPiece& piece) override {
     // A part starts at offset 0 (libmicrohttpd may hand over its first
@@ -692,16 +699,23 @@ class FilesUpload : public HttpServer::Upload {
   }
   Status Write(std::string_view piece) override {
     if (!stream_) STRATA_RETURN_IF_ERROR(Open(path_));
-    return stream_->Write(piece);
+    if (!gunzip_) return stream_->Write(piece);
+    return gunzip_->Feed(piece, [&](std::string_view plain) { return stream_->Write(plain); }).Annotate("files: write " + current_);
   }
   Response Finish() override {
     // (An empty body to ?path= is an empty file.)
     Status s = !form_ && !stream_ ? Open(path_) : OkStatus();
-    if (s.ok()) s = Close();
+    if (s.ok() && gunzip_) s = gunzip_->Finish().Annotate("files: write " + current_);
+    if (!s.ok()) {
+      stream_.reset();  // (never put in place)
+      return RestError(s);
+    }
+    s = Close();
     if (!s.ok()) return RestError(s);
     return RestJson(written_);
   }
   void Abort() override { stream_.reset(); }
+  Response Refused(const Status& s) override { return RestError(s); }
 
  private:
   Status Open(const std::string& name) {
@@ -730,6 +744,7 @@ class FilesUpload : public HttpServer::Upload {
   std::string part_name_;
   uint64_t part_bytes_ = 0;
   json written_ = json::array();
+  std::optional<Gunzip> gunzip_;
 };
 
 }  // namespace
@@ -753,11 +768,15 @@ std::unique_ptr<HttpServer::Upload> Plane::StartUpload(const Request& request, s
     *refusal = RestError(400, "files: a body that is not a form needs ?path=");
     return nullptr;
   }
-  if (!form && !Header(request, "content-encoding").empty() && Header(request, "content-encoding") != "identity") {
-    *refusal = RestError(415, "files: content encoding " + Quote(Header(request, "content-encoding")) + " is not served yet");
+  std::string encoding = Header(request, "content-encoding");
+  std::transform(encoding.begin(), encoding.end(), encoding.begin(), [](unsigned char c) { return std::tolower(c); });
+  const bool gzip = encoding == "gzip" || encoding == "x-gzip";
+  if (!encoding.empty() && encoding != "identity" && !(gzip && !form)) {
+    *refusal = RestError(415, StrCat("files: content encoding ", Quote(Header(request, "content-encoding")), " is not served",
+                                     form ? " for a form (send one file to ?path= to gzip it)" : " (gzip and identity are)"));
     return nullptr;
   }
-  return std::make_unique<FilesUpload>(server_.manager(), *id, EnvdUser(request), path, form);
+  return std::make_unique<FilesUpload>(server_.manager(), *id, EnvdUser(request), path, form, gzip);
 }
 
 // --- Connect services --------------------------------------------------------

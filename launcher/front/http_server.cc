@@ -432,7 +432,7 @@ MHD_Result Access(void* cls, MHD_Connection* connection, const char* url, const 
         if (!pending->upload_error.ok()) pending->upload->Abort();
       }
       if (!pending->upload_error.ok()) {
-        response = HttpServer::ErrorResponse(pending->upload_error);
+        response = pending->upload->Refused(pending->upload_error);
       } else {
         pending->finished = true;
         response = pending->upload->Finish();

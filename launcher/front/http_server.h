@@ -70,6 +70,10 @@ class HttpServer {
     virtual Status Write(std::string_view piece) = 0;
     virtual Response Finish() = 0;
     virtual void Abort() = 0;
+    // The answer to a body refused part way (Write's or WritePart's
+    // error, a form cut short): the server's own error body unless the
+    // plane the upload belongs to words its errors otherwise.
+    virtual Response Refused(const Status& s) { return ErrorResponse(s); }
     // A form upload (multipart/form-data or urlencoded): the body is
     // decoded by libmicrohttpd and handed to WritePart() piece by piece
     // instead of to Write(). A piece at offset 0 starts a part.

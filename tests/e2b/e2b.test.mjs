@@ -7,6 +7,7 @@ import assert from 'node:assert/strict';
 import { execFile } from 'node:child_process';
 import path from 'node:path';
 import { promisify } from 'node:util';
+import zlib from 'node:zlib';
 import { after, before, describe, test } from 'node:test';
 
 import { Node, requireNpm } from './node.mjs';
@@ -315,6 +316,33 @@ describe('files', () => {
     assert.equal((await sbx.files.getInfo('/home/user/notes/a.txt')).owner, 'user');
     await sbx.files.write('/tmp/by-root', 'x', { user: 'root' });
     assert.equal((await sbx.files.getInfo('/tmp/by-root')).owner, 'root');
+  });
+
+  test('gzip uploads are decoded as they arrive; a damaged or cut one writes nothing', async () => {
+    const text = 'gz '.repeat(50_000);
+    await sbx.files.write('/tmp/gz.txt', text, { gzip: true });
+    assert.equal(await sbx.files.read('/tmp/gz.txt'), text);
+    assert.equal(await sbx.files.read('/tmp/gz.txt', { gzip: true }), text);  // (Accept-Encoding: answered as it is)
+    const detail = await (await fetch(`${node.url}/sandboxes/${sbx.sandboxId}`, { headers: { 'X-API-KEY': node.tenant } })).json();
+    const post = (path, body, encoding) => fetch(`${node.url}/files?path=${path}`, {
+      method: 'POST', body,
+      headers: { 'E2b-Sandbox-Id': sbx.sandboxId, 'X-Access-Token': detail.envdAccessToken, 'content-type': 'application/octet-stream', 'content-encoding': encoding },
+    });
+    // Members one after another are one body.
+    let r = await post('/tmp/two', Buffer.concat([zlib.gzipSync('ab'), zlib.gzipSync('cd')]), 'gzip');
+    assert.equal(r.status, 200, await r.text());
+    assert.equal(await sbx.files.read('/tmp/two'), 'abcd');
+    await sbx.files.write('/tmp/old', 'old');
+    const zipped = zlib.gzipSync(Buffer.from('new '.repeat(1000)));
+    for (const bad of [zipped.subarray(0, zipped.length - 4), Buffer.from('not gzip at all'), Buffer.alloc(0), Buffer.concat([zipped, Buffer.from('junk')])]) {
+      r = await post('/tmp/old', bad, 'gzip');
+      assert.equal(r.status, 400, `${bad.length} bytes`);
+      assert.match((await r.json()).message, /gzip/);
+      assert.equal(await sbx.files.read('/tmp/old'), 'old');
+    }
+    r = await post('/tmp/old', 'x', 'br');
+    assert.equal(r.status, 415);
+    assert.match((await r.json()).message, /gzip and identity/);
   });
 
   test('several files at once', async () => {
