@@ -455,6 +455,8 @@ std::vector<DoctorCheck> RunDoctor(const NodeConfig& node, const DoctorOptions& 
   checks.push_back(CheckNodeLimits(options.fix));
   bool agent = !node.agent_binary.empty() && ::access(node.agent_binary.c_str(), X_OK) == 0;
   checks.push_back({"agent", agent, false, agent ? node.agent_binary : "strata-agent not found (set STRATA_AGENT)"});
+  bool nsexec = !node.nsexec_binary.empty() && ::access(node.nsexec_binary.c_str(), X_OK) == 0;
+  checks.push_back({"nsexec", nsexec, false, nsexec ? node.nsexec_binary : "strata-nsexec not found (set STRATA_NSEXEC)"});
   if (agent) checks.push_back(CheckMicroVm(node));
   return checks;
 }

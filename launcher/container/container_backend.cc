@@ -2,7 +2,6 @@
 #include "launcher/container/container_backend.h"
 
 #include <fcntl.h>
-#include <sys/mount.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -76,10 +75,14 @@ ContainerBackend::ContainerBackend(NodeConfig node, std::string id, std::string 
 
 Status ContainerBackend::Start(const BackendStart& start) {
   const SandboxSpec& spec = start.spec;
-  StepTimer timer(id_);
+  StepTimer timer(id_, fncall_ ? "fncall create" : "container create");
   const uid_t root_uid = static_cast<uid_t>(node_.idmap.ToHost(0));
   STRATA_RETURN_IF_ERROR(CheckTraversable(dir_, root_uid));
   std::vector<std::string> lowers;  // top first, as overlayfs wants them
+  std::string root_options;         // the overlay's
+  if (node_.nsexec_binary.empty()) {
+    return Error(ENOENT, "find strata-nsexec: not beside the launcher nor in /usr/local/lib/strata (set STRATA_NSEXEC)");
+  }
   for (const auto& layer : start.layers) lowers.insert(lowers.begin(), layer["path"].get<std::string>());
 
   if (fncall_) {
@@ -103,9 +106,7 @@ Status ContainerBackend::Start(const BackendStart& start) {
       if (::lchown(p.c_str(), root_uid, root_uid) != 0) return ErrnoError(errno, "chown " + p);
     }
     lowers.insert(lowers.begin(), shim);
-    STRATA_ASSIGN_OR_RETURN(overlay_, MountPoint::Mount("overlay", rootfs_, "overlay", MS_RDONLY,
-                                                        StrCat("lowerdir=", Join(lowers, ":"), ",redirect_dir=off,metacopy=off,index=off")));
-    timer.Step("mount overlay");
+    root_options = StrCat("lowerdir=", Join(lowers, ":"), ",redirect_dir=off,metacopy=off,index=off");
   } else {
     // 3. Writable space: a btrfs subvolume capped at --disk.
     STRATA_ASSIGN_OR_RETURN(UpperStore uppers, UpperStore::Open(node_.uppers));
@@ -113,16 +114,14 @@ Status ContainerBackend::Start(const BackendStart& start) {
     upper_.emplace(std::move(volume));
     timer.Step("create upper volume");
 
-    // 4. The overlay, on the host, so the layers' overlay whiteouts and
-    //    opaque markers work; directories are copied up whole (no redirects,
-    //    no metacopy), which keeps every upper self-contained for packdiff.
-    //    volatile: the upper dies with the sandbox, so no sync (and no btrfs
-    //    commit at unmount) is worth waiting for.
+    // 4. The overlay (mounted in step 6), so the layers' overlay whiteouts
+    //    and opaque markers work; directories are copied up whole (no
+    //    redirects, no metacopy), which keeps every upper self-contained for
+    //    packdiff. volatile: the upper dies with the sandbox, so no sync (and
+    //    no btrfs commit at unmount) is worth waiting for.
     STRATA_RETURN_IF_ERROR(MakeDirs(rootfs_, 0755));
-    std::string options = StrCat("lowerdir=", Join(lowers, ":"), ",upperdir=", upper_->upper(), ",workdir=", upper_->work(),
-                                 ",redirect_dir=off,metacopy=off,index=off,volatile");
-    STRATA_ASSIGN_OR_RETURN(overlay_, MountPoint::Mount("overlay", rootfs_, "overlay", 0, options));
-    timer.Step("mount overlay");
+    root_options = StrCat("lowerdir=", Join(lowers, ":"), ",upperdir=", upper_->upper(), ",workdir=", upper_->work(),
+                          ",redirect_dir=off,metacopy=off,index=off,volatile");
   }
 
   // 4b. A network of its own (modes allow and open).
@@ -210,15 +209,23 @@ Status ContainerBackend::Start(const BackendStart& start) {
   // 6. The runtime, in the foreground of its own process: when the agent
   //    exits, `run` deletes the container and its cgroups itself. The agent's
   //    socket is bound here and handed over (descriptor 3), so the launcher
-  //    can connect at once: no watching for the socket to appear.
+  //    can connect at once: no watching for the socket to appear. It starts
+  //    through strata-nsexec, which mounts the root in a mount namespace of
+  //    its own: the runtime's container namespace is a copy of that one, so
+  //    the root is the container's alone, and no namespace of the node's —
+  //    which every runtime's would start as a copy of, and walk — holds
+  //    one per sandbox (with thousands idle that copy cost 30 ms a create).
   const std::string socket_path = dir_ + "/agent/" + kAgentSocketName;
   STRATA_ASSIGN_OR_RETURN(UniqueFd listener, ListenUnix(socket_path, 0600));
   // Descriptor 3 is the socket; 4 and on, the commands' cgroup.procs files
   // (the agent moves each command there before it runs).
   std::vector<int> pass = {listener.get()};
   for (const auto& fd : command_cgroups) pass.push_back(fd.get());
-  std::vector<std::string> run = {node_.runtime, "run", "--preserve-fds", StrCat(pass.size()), "--bundle", dir_, id_};
-  if (node_.managed) run.insert(run.begin() + 2, "--detach");  // returns once the agent runs
+  std::vector<std::string> run = {node_.nsexec_binary, "--overlay", rootfs_, root_options};
+  if (fncall_) run.push_back("--read-only");
+  for (const std::string& arg : {std::string("--"), node_.runtime, std::string("run")}) run.push_back(arg);
+  if (node_.managed) run.push_back("--detach");  // returns once the agent runs
+  for (const std::string& arg : {std::string("--preserve-fds"), StrCat(pass.size()), std::string("--bundle"), dir_, id_}) run.push_back(arg);
   STRATA_ASSIGN_OR_RETURN(Subprocess runtime, Subprocess::Start({.argv = run,
                                                                  .stdout_mode = StdStream::kNull,
                                                                  .stderr_mode = StdStream::kFile,
@@ -234,6 +241,7 @@ Status ContainerBackend::Start(const BackendStart& start) {
     auto log = ReadFileToString(dir_ + "/runtime.log");
     std::string text = log.ok() ? *log : "";
     while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.pop_back();
+    if (!runtime_->Running() && text.starts_with("strata-nsexec:")) return Error(EIO, text);  // (the root, before the runtime)
     if (!runtime_->Running() && !text.empty()) return Error(EIO, StrCat(node_.runtime, " failed to start the agent: ", text));
     return ready.Annotate("start the sandbox's agent");
   }
@@ -243,23 +251,14 @@ Status ContainerBackend::Start(const BackendStart& start) {
     if (!exit.ok() || !exit->success()) return Error(EIO, StrCat(node_.runtime, " run --detach failed after the agent started"));
     runtime_.reset();
   }
-  timer.Step("start runtime and agent");
-  // 7. The root is now the container's: the runtime made its mount
-  //    namespace as a copy of ours and moved its root onto its copy of the
-  //    overlay. Ours goes, so that the daemon's namespace — which every
-  //    runtime's new one starts as a copy of, and whose mounts it then
-  //    walks — holds only the roots of creates in flight, not one per
-  //    sandbox (with thousands idle that copy cost 30 ms per create). The
-  //    overlay lives on for as long as the container's processes do.
-  Status detached = overlay_.Unmount();
-  if (!detached.ok()) STRATA_LOG(kWarn) << "sandbox " << id_ << ": " << detached.ToString();
-  timer.Step("unmount the host's copy of the root");
+  timer.Step("mount root, start runtime and agent");
   return OkStatus();
 }
 
 void ContainerBackend::Adopt(const json&) {
-  // A root still mounted here is an older daemon's habit (or a create that
-  // was cut short): a container that runs has its own, so ours goes now.
+  // A root still mounted here is an older daemon's habit (before
+  // 2026-12-03 every root stayed, until 2026-12-07 the roots of creates in
+  // flight): a container that runs has its own, so ours goes now.
   if (IsMountPoint(rootfs_)) {
     Status s = MountPoint::Adopt(rootfs_).Unmount();
     if (!s.ok()) STRATA_LOG(kWarn) << "sandbox " << id_ << ": " << s.ToString();
@@ -321,7 +320,7 @@ Result<UpperVolume> ContainerBackend::CaptureUpper(AgentClient&, bool paused, co
 Status ContainerBackend::Destroy(AgentClient* agent) {
   if (destroyed_) return OkStatus();
   destroyed_ = true;
-  StepTimer timer(id_);
+  StepTimer timer(id_, fncall_ ? "fncall destroy" : "container destroy");
   FirstError errors("sandbox " + id_);
   if (node_.managed) {
     if (agent) agent->Shutdown().IgnoreError();
@@ -345,8 +344,6 @@ Status ContainerBackend::Destroy(AgentClient* agent) {
   errors.Note(RemoveSandboxDev(id_));  // (first: its pages would keep the memory cgroup, dying)
   RemoveSandboxCgroups(node_.cgroup_parent + "/" + id_);
   timer.Step("clean up runtime state");
-  errors.Note(overlay_.Unmount());
-  timer.Step("unmount overlay");
   if (upper_) {
     errors.Note(upper_->Destroy());
     upper_.reset();
@@ -357,7 +354,6 @@ Status ContainerBackend::Destroy(AgentClient* agent) {
 
 void ContainerBackend::Release() {
   destroyed_ = true;
-  overlay_.Release();
   if (upper_) upper_->Release();
   upper_.reset();
   if (runtime_) runtime_->Detach();

@@ -1,6 +1,7 @@
 // ContainerBackend: the "container" and "fncall" back ends. The layers,
-// idmapped for the node's range, stacked by overlayfs on the host under a
-// btrfs upper volume capped at --disk (fncall: read-only, no upper); an
+// idmapped for the node's range, stacked by overlayfs under a btrfs upper
+// volume capped at --disk (fncall: read-only, no upper), mounted in a mount
+// namespace of the sandbox's own (strata-nsexec, never in the node's); an
 // OCI bundle (oci_config.h) whose init is the agent; the runtime (crun)
 // runs it in the sandbox's cgroups and namespaces.
 #pragma once
@@ -8,7 +9,6 @@
 #include <optional>
 #include <string>
 
-#include "common/mount.h"
 #include "common/subprocess.h"
 #include "launcher/sandbox/backend.h"
 
@@ -44,9 +44,6 @@ class ContainerBackend : public Backend {
   const std::string id_, dir_, rootfs_;
   const bool fncall_;
   std::optional<UpperVolume> upper_;
-  // The root on the host: mounted while the runtime starts, then the
-  // container's alone.
-  MountPoint overlay_;
   std::optional<Subprocess> runtime_;  // a one-shot launcher's, while it runs
   bool destroyed_ = false;
 };

@@ -347,7 +347,7 @@ Status SandboxManager::Recover() {
 
 // A ready sandbox from WarmPools, recorded as the create's.
 Result<std::optional<json>> SandboxManager::TakeWarm(const SandboxSpec& spec, const std::string& owner) {
-  StepTimer timer(spec.id);
+  StepTimer timer(spec.id, "warm take");
   std::optional<launcher::WarmPools::Taken> taken = warm_->Take(spec);
   if (!taken) return std::optional<json>();
   timer.Step("take a ready sandbox from the warm pool");
@@ -592,6 +592,7 @@ std::string SandboxManager::Metrics() {
   out += StrCat("strata_layer_mounts ", layer_mounts, "\n");
   out += "# HELP strata_cache_bytes Bytes in the node's chunk cache.\n# TYPE strata_cache_bytes gauge\n";
   out += StrCat("strata_cache_bytes ", cache_bytes, "\n");
+  out += StepMetrics();
   return out;
 }
 

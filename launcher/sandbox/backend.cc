@@ -3,6 +3,10 @@
 
 #include <sys/stat.h>
 
+#include <cstdio>
+#include <map>
+#include <mutex>
+
 #include "common/strings.h"
 
 namespace strata::launcher {
@@ -62,6 +66,48 @@ uint64_t MemoryCommit(const NodeConfig& node, const SandboxSpec& spec) {
   if (!node.backends) return 0;
   auto kind = node.backends->Find(spec.backend);
   return kind.ok() ? (*kind)->memory_commit(spec) : 0;
+}
+
+namespace {
+
+struct StepSums {
+  std::mutex mu;
+  std::map<std::pair<std::string, std::string>, std::pair<double, uint64_t>> sums;  // (path, step) -> (seconds, count)
+};
+
+StepSums& Steps() {
+  static StepSums* steps = new StepSums;  // (never destroyed: threads may time steps while the process exits)
+  return *steps;
+}
+
+}  // namespace
+
+void StepTimer::Step(const char* name) {
+  auto now = std::chrono::steady_clock::now();
+  const double seconds = std::chrono::duration<double>(now - last_).count();
+  STRATA_LOG(kDebug) << id_ << ": " << path_ << ": " << name << " " << seconds * 1000 << " ms";
+  last_ = now;
+  StepSums& steps = Steps();
+  std::lock_guard lock(steps.mu);
+  auto& [sum, count] = steps.sums[{path_, name}];
+  sum += seconds;
+  ++count;
+}
+
+std::string StepMetrics() {
+  StepSums& steps = Steps();
+  std::lock_guard lock(steps.mu);
+  std::string out =
+      "# HELP strata_sandbox_step_seconds Time in each step of a sandbox's creation and destruction, by path and step.\n"
+      "# TYPE strata_sandbox_step_seconds summary\n";
+  for (const auto& [key, value] : steps.sums) {
+    const std::string labels = StrCat("{path=\"", key.first, "\",step=\"", key.second, "\"}");
+    char sum[32];
+    std::snprintf(sum, sizeof sum, "%.6f", value.first);
+    out += StrCat("strata_sandbox_step_seconds_sum", labels, " ", sum, "\n");
+    out += StrCat("strata_sandbox_step_seconds_count", labels, " ", value.second, "\n");
+  }
+  return out;
 }
 
 }  // namespace strata::launcher

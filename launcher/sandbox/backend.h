@@ -189,20 +189,25 @@ void SweepBackend(const NodeConfig& node, const std::string& id, const nlohmann:
 // memory_commit (0 for a name the node does not offer).
 uint64_t MemoryCommit(const NodeConfig& node, const SandboxSpec& spec);
 
-// Logs how long each step of a sandbox's life took (STRATA_LOG=debug).
+// Times each step of a sandbox's life: logs it (STRATA_LOG=debug) and adds
+// it to the process's sums, which the daemon's metrics show per path and
+// step (strata_sandbox_step_seconds; docs/operations.md). `path` names what
+// the steps belong to ("create", "container create", "destroy", ...);
+// `path` and the step names are string literals.
 class StepTimer {
  public:
-  explicit StepTimer(std::string id) : id_(std::move(id)), last_(std::chrono::steady_clock::now()) {}
-  void Step(const char* name) {
-    auto now = std::chrono::steady_clock::now();
-    STRATA_LOG(kDebug) << id_ << ": " << name << " " << std::chrono::duration<double, std::milli>(now - last_).count() << " ms";
-    last_ = now;
-  }
+  StepTimer(std::string id, const char* path) : id_(std::move(id)), path_(path), last_(std::chrono::steady_clock::now()) {}
+  void Step(const char* name);
 
  private:
   std::string id_;
+  const char* path_;
   std::chrono::steady_clock::time_point last_;
 };
+
+// The sums of every step timed in this process, as Prometheus text: the
+// summary strata_sandbox_step_seconds{path, step} (its _sum and _count).
+std::string StepMetrics();
 
 // Collects the first error of a sequence of cleanup steps, logging each.
 class FirstError {

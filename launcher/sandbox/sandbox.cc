@@ -129,14 +129,16 @@ NodeConfig NodeConfig::FromEnvironment() {
   if (auto v = env("STRATA_RUNTIME"); !v.empty()) n.runtime = v;
   if (auto v = env("STRATA_CGROUP_PARENT"); !v.empty()) n.cgroup_parent = v;
   if (auto v = env("STRATA_AGENT"); !v.empty()) n.agent_binary = v;
+  if (auto v = env("STRATA_NSEXEC"); !v.empty()) n.nsexec_binary = v;
   if (auto v = env("STRATA_IDMAP"); !v.empty()) {
     auto m = IdMapping::Parse(v);
     if (m.ok()) n.idmap = *m;
   }
-  if (n.agent_binary.empty()) {
-    for (const std::string& candidate : {SelfDir() + "/strata-agent", std::string("/usr/local/lib/strata/strata-agent")}) {
+  for (auto [binary, name] : {std::pair{&n.agent_binary, "strata-agent"}, std::pair{&n.nsexec_binary, "strata-nsexec"}}) {
+    if (!binary->empty()) continue;
+    for (const std::string& candidate : {StrCat(SelfDir(), "/", name), StrCat("/usr/local/lib/strata/", name)}) {
       if (::access(candidate.c_str(), X_OK) == 0) {
-        n.agent_binary = candidate;
+        *binary = candidate;
         break;
       }
     }
@@ -198,7 +200,7 @@ Result<std::unique_ptr<Sandbox>> Sandbox::Create(const SandboxSpec& spec, const 
 }
 
 Status Sandbox::Start(const SandboxSpec& spec) {
-  StepTimer timer(id_);
+  StepTimer timer(id_, "create");
   if (node_.agent_binary.empty()) {
     return Error(ENOENT, "find strata-agent: not beside the launcher nor in /usr/local/lib/strata (set STRATA_AGENT)");
   }
@@ -355,7 +357,7 @@ void Sandbox::Interrupt() {
 Status Sandbox::Destroy() {
   if (destroyed_) return OkStatus();
   destroyed_ = true;
-  StepTimer timer(id_);
+  StepTimer timer(id_, "destroy");
   FirstError errors("sandbox " + id_);
   if (backend_) {
     errors.Keep(backend_->Destroy(agent_.get()));  // (it logged its own)

@@ -30,6 +30,10 @@ struct NodeConfig {
   std::string cache_dir;        // for starting lazyfs; empty: its default
   std::string agent_binary;     // empty: beside this executable, then /usr/local/lib/strata
   std::string runtime = "crun";  // any OCI runtime taking `run --bundle DIR ID`
+  // Containers: strata-nsexec, which the runtime is started through (it
+  // mounts the sandbox's root in a mount namespace of its own). Empty:
+  // beside this executable, then /usr/local/lib/strata.
+  std::string nsexec_binary;
   IdMapping idmap;
   std::string cgroup_parent = "strata";
   // The node's name in a cluster (`serve --node`): sandbox ids carry it

@@ -56,7 +56,7 @@ MicroVmBackend::MicroVmBackend(NodeConfig node, std::string id, std::string dir)
 
 Status MicroVmBackend::Start(const BackendStart& start) {
   const SandboxSpec& spec = start.spec;
-  StepTimer timer(id_);
+  StepTimer timer(id_, "microvm create");
   if (spec.network.mode == NetMode::kHost) return Error(ENOTSUP, "network mode host: a microVM cannot share the node's network");
   if (start.layers.size() > kMaxVmLayers) {
     return Error(E2BIG, StrCat("microVM: ", start.layers.size(), " layers; a microVM takes at most ", kMaxVmLayers,
@@ -262,7 +262,7 @@ Result<UpperVolume> MicroVmBackend::CaptureUpper(AgentClient& agent, bool paused
 Status MicroVmBackend::Destroy(AgentClient*) {
   if (destroyed_) return OkStatus();
   destroyed_ = true;
-  StepTimer timer(id_);
+  StepTimer timer(id_, "microvm destroy");
   FirstError errors("sandbox " + id_);
   // The guest: QEMU quits at once (nothing in the guest outlives it: its
   // disk goes with the upper volume), and is killed if it does not. One

@@ -8,6 +8,9 @@
 //     IDLE/3 and IDLE idle sandboxes running, also per core left by the
 //     machine's PID 1 (on the development VM a supervisor that polls every
 //     process: its CPU grows with the number of processes, strata's or not);
+//     at each, exec latency, a warm pool's takes one at a time and a burst
+//     of POOL from it, and the mean of each step of the cycles (the
+//     daemon's strata_sandbox_step_seconds); a table of IDLE against none;
 //   - memory per idle sandbox (MemAvailable drop / IDLE, page cache
 //     dropped, the per-CPU lists' free pages counted as free) against IDLE idle crun containers of crun's default spec
 //     (`crun spec`: pid, mount, network, ipc and uts namespaces of their
@@ -166,6 +169,39 @@ std::vector<std::pair<std::string, double>> Growth(const Snapshot& before, const
   return kept;
 }
 
+// The daemon's step sums (strata_sandbox_step_seconds): (path, step) ->
+// (seconds, count).
+using Steps = std::map<std::string, std::pair<double, double>>;
+Steps ScrapeSteps(launcher::LauncherClient& client) {
+  Steps out;
+  for (const auto& line : Split(Check(client.Metrics()), '\n')) {
+    for (const char* kind : {"_sum{", "_count{"}) {
+      const std::string prefix = StrCat("strata_sandbox_step_seconds", kind);
+      if (!line.starts_with(prefix)) continue;
+      const size_t close = line.rfind("} ");
+      if (close == std::string::npos) continue;
+      // {path="P",step="S"}
+      std::string labels = line.substr(prefix.size(), close - prefix.size());
+      const size_t comma = labels.find("\",step=\"");
+      if (!labels.starts_with("path=\"") || comma == std::string::npos) continue;
+      const std::string key = StrCat(labels.substr(6, comma - 6), ": ", labels.substr(comma + 8, labels.size() - comma - 9));
+      (kind[1] == 's' ? out[key].first : out[key].second) = std::stod(line.substr(close + 2));
+    }
+  }
+  return out;
+}
+
+// Each step's mean (ms) between two scrapes; steps taken fewer than `min` times are left out.
+std::map<std::string, double> StepMeans(const Steps& before, const Steps& after, double min) {
+  std::map<std::string, double> out;
+  for (const auto& [key, value] : after) {
+    auto it = before.find(key);
+    const double n = value.second - (it == before.end() ? 0 : it->second.second);
+    if (n >= min) out[key] = (value.first - (it == before.end() ? 0 : it->second.first)) / n * 1000;
+  }
+  return out;
+}
+
 int Body(int argc, char** argv) {
   const int idle = argc > 1 ? std::atoi(argv[1]) : 1000;
   const int pool_size = argc > 2 ? std::atoi(argv[2]) : 64;
@@ -232,10 +268,12 @@ int Body(int argc, char** argv) {
   Figures cold_single = one_by_one();
   Figures cold_cycles = Measure(4 * pool_size, kInFlight, cycle);
 
-  // Idle sandboxes, in three steps, with the creation rate at each.
+  // Idle sandboxes, in three steps, with at each: the creation rate and
+  // each step's time, exec latency, and a warm pool's takes.
   std::fprintf(stderr, "density_bench: %d idle sandboxes...\n", idle);
   const int rate_cycles = 64;
-  std::vector<Figures> rates;
+  std::vector<Figures> rates, execs, takes, bursts;
+  std::vector<std::map<std::string, double>> step_means;
   std::vector<double> pid1_cores;  // PID 1's CPU during each, in cores
   std::vector<int> at;
   std::vector<std::string> held(static_cast<size_t>(idle));
@@ -251,11 +289,26 @@ int Body(int argc, char** argv) {
       made = target;
     }
     at.push_back(made);
+    std::fprintf(stderr, "density_bench: with %d idle: cycles, execs, a warm pool...\n", made);
+    const Steps steps0 = ScrapeSteps(client);
     const double cpu0 = Pid1Seconds();
     const auto t0 = std::chrono::steady_clock::now();
     rates.push_back(Measure(rate_cycles, kInFlight, cycle));
     const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     pid1_cores.push_back(wall > 0 ? (Pid1Seconds() - cpu0) / wall : 0);
+    step_means.push_back(StepMeans(steps0, ScrapeSteps(client), rate_cycles / 2.0));
+    // Exec latency in a sandbox made now (the newest, as a caller's would be).
+    const std::string probe = Check(client.Create(spec))["id"];
+    for (int i = 0; i < 3; ++i) exec_ok(probe);
+    execs.push_back(Measure(4 * rate_cycles, 1, [&](int) { exec_ok(probe); }));
+    Check(client.Destroy(probe));
+    Check(client.SetWarmPool(spec, pool_size).status());
+    pool_ready(pool_size);
+    takes.push_back(one_by_one());
+    pool_ready(pool_size);
+    bursts.push_back(burst());
+    Check(client.SetWarmPool(spec, 0).status());
+    pool_ready(0);
   }
   const Snapshot idle_snap = TakeSnapshot();
   const uint64_t with_idle = static_cast<uint64_t>(idle_snap.at("meminfo MemAvailable"));
@@ -360,6 +413,31 @@ int Body(int argc, char** argv) {
            Fixed(crun_own > 0 ? ours_own / crun_own : 0, 2)});
   }
   t.Print();
+
+  // A full node against an empty one, and where a cycle's time goes.
+  const size_t full = rates.size() - 1;
+  std::printf("\nwith %d idle against none (the same daemon, the same run)\n", at[full]);
+  Table f({"measure", "none p50 ms", "none p99 ms", "none per s", StrCat(at[full], " idle p50 ms"), StrCat(at[full], " idle p99 ms"),
+           StrCat(at[full], " idle per s"), "ratio"});
+  auto row = [&](const std::string& what, const std::vector<Figures>& v, bool by_rate) {
+    const Figures& a = v[0];
+    const Figures& b = v[full];
+    f.Add({what, Fixed(a.p50_ms, 2), Fixed(a.p99_ms, 2), Fixed(a.per_second, 1), Fixed(b.p50_ms, 2), Fixed(b.p99_ms, 2), Fixed(b.per_second, 1),
+           by_rate ? Fixed(b.per_second / a.per_second, 2) + " (rate)" : Fixed(a.p50_ms / b.p50_ms, 2) + " (p50, none / full)"});
+  };
+  row(StrCat("create -> exec -> destroy, ", kInFlight, " in flight"), rates, true);
+  row("exec true in a live sandbox, one at a time", execs, false);
+  row(StrCat("warm pool: ", pool_size, " takes one at a time, create -> first exec"), takes, false);
+  row(StrCat("warm pool: a burst of ", pool_size, ", create -> first exec"), bursts, true);
+  f.Print();
+  std::printf("\neach step's mean during the cycles above, ms\n");
+  Table s({"path: step", "none", StrCat(at[full], " idle"), "ratio (none / full)"});
+  for (const auto& [key, none] : step_means[0]) {
+    auto it = step_means[full].find(key);
+    if (it == step_means[full].end()) continue;
+    s.Add({key, Fixed(none, 2), Fixed(it->second, 2), Fixed(it->second > 0 ? none / it->second : 0, 2)});
+  }
+  s.Print();
 
   // Where it goes, per sandbox and per crun container (KiB).
   std::printf("\nper idle sandbox / crun container, KiB (the largest slab caches of either)\n");

@@ -5,8 +5,10 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <atomic>
 #include <future>
 #include <mutex>
+#include <thread>
 
 #include "launcher/front/http_server.h"
 #include "common/lmdb.h"
@@ -129,6 +131,50 @@ TEST_F(DaemonTest, ASandboxLivesThroughManyCommands) {
   EXPECT_EQ(Metric("strata_exec_duration_seconds_count"), 13u);
   EXPECT_EQ(Metric("strata_sandboxes{state=\"running\"}"), 0u);
   EXPECT_EQ(Metric("strata_layer_mounts"), 1u);
+}
+
+// Each sandbox's root is mounted in a mount namespace of its own
+// (strata-nsexec): the node's namespace, which every runtime's starts as a
+// copy of, holds none, not even while creates are in flight; and a
+// sandbox's namespace holds no other sandbox's root.
+TEST_F(DaemonTest, NoNamespaceButItsOwnHoldsASandboxsRootEvenWhileItStarts) {
+  StartDaemon();
+  const std::string run_dir = dir_.Sub("run");
+  std::atomic<bool> done = false;
+  std::atomic<int> scans = 0;
+  std::vector<std::string> seen;
+  std::thread watcher([&] {
+    while (!done) {
+      for (const auto& line : Lines("/proc/self/mountinfo")) {
+        if (line.find(run_dir) != std::string::npos && seen.size() < 10) seen.push_back(line);
+      }
+      ++scans;
+    }
+  });
+  std::vector<std::string> ids(12);
+  {
+    std::vector<std::thread> creators;
+    for (int t = 0; t < 4; ++t) {
+      creators.emplace_back([&, t] {
+        for (int i = t; i < 12; i += 4) ids[static_cast<size_t>(i)] = Create(i % 4 == 3 ? std::vector<std::string>{"--backend", "fncall"} : std::vector<std::string>{});
+      });
+    }
+    for (auto& c : creators) c.join();
+  }
+  done = true;
+  watcher.join();
+  EXPECT_GT(scans.load(), 12);
+  EXPECT_TRUE(seen.empty()) << "the node's mount table held a sandbox's root: " << Join(seen, "\n");
+  for (const auto& id : ids) ASSERT_FALSE(id.empty());
+  // Inside one: its own root, nothing of the others'.
+  ASSERT_OK_AND_ASSIGN(auto table, Cli({"exec", ids[0], "--", "cat", "/proc/self/mountinfo"}));
+  ASSERT_EQ(table.exit_code, 0) << table.err;
+  EXPECT_NE(table.out.find(ids[0]), std::string::npos) << table.out;  // (its upper, in its root's options)
+  for (size_t i = 1; i < ids.size(); ++i) EXPECT_EQ(table.out.find(ids[i]), std::string::npos) << ids[i] << " in\n" << table.out;
+  for (const auto& id : ids) {
+    ASSERT_OK_AND_ASSIGN(auto r, Cli({"exec", id, "--", "sh", "-c", "echo ok > /tmp/f && cat /tmp/f"}));
+    EXPECT_EQ(r.out, "ok\n") << id << ": " << r.err;
+  }
 }
 
 TEST_F(DaemonTest, ExecStreamsOutputAsItComes) {

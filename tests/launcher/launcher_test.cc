@@ -214,6 +214,38 @@ TEST_F(LauncherTest, LimitsHold) {
               disk.out.find("No space left") != std::string::npos) << disk.out << disk.err;
 }
 
+// strata-nsexec, which every container's runtime starts through: the root
+// it mounts is there for the program it runs and never in the node's
+// namespace; a mount that fails says so and runs nothing.
+TEST_F(LauncherTest, NsexecMountsTheRootForItsProgramAloneOrSaysWhyNot) {
+  const std::string nsexec = testing::TestBinaryDir() + "/../../launcher/strata-nsexec";
+  ASSERT_OK(MakeDirs(dir_.Sub("ns/a")));
+  ASSERT_OK(MakeDirs(dir_.Sub("ns/b")));
+  ASSERT_OK(MakeDirs(dir_.Sub("ns/root")));
+  ASSERT_OK(WriteFileAtomic(dir_.Sub("ns/a/top"), "from a\n"));
+  ASSERT_OK(WriteFileAtomic(dir_.Sub("ns/b/below"), "from b\n"));
+  const std::string root = dir_.Sub("ns/root");
+  const std::string lowers = StrCat("lowerdir=", dir_.Sub("ns/a"), ":", dir_.Sub("ns/b"));
+  ASSERT_OK_AND_ASSIGN(auto r, RunCommand({.argv = {nsexec, "--overlay", root, lowers, "--read-only", "--", "sh", "-c",
+                                                    StrCat("cat ", root, "/top ", root, "/below; touch ", root, "/new || echo read-only")}}));
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, "from a\nfrom b\nread-only\n") << r.err;
+  EXPECT_FALSE(IsMountPoint(root));
+  for (const auto& line : Lines("/proc/self/mountinfo")) EXPECT_EQ(line.find(root), std::string::npos) << line;
+  // Descriptors 3 and up reach the program.
+  ASSERT_OK_AND_ASSIGN(auto fds, RunCommand({.argv = {"sh", "-c", StrCat("exec 3</dev/null; ", nsexec, " --overlay ", root, " ", lowers,
+                                                                        " -- sh -c 'test -e /proc/self/fd/3 && echo passed'")}}));
+  EXPECT_EQ(fds.out, "passed\n") << fds.err;
+
+  ASSERT_OK_AND_ASSIGN(auto bad, RunCommand({.argv = {nsexec, "--overlay", root, "lowerdir=" + dir_.Sub("ns/missing"), "--", "echo", "ran"}}));
+  EXPECT_EQ(bad.exit_code, 125);
+  EXPECT_EQ(bad.out, "");
+  EXPECT_NE(bad.err.find("strata-nsexec: mount the sandbox's root (overlay on " + root), std::string::npos) << bad.err;
+  ASSERT_OK_AND_ASSIGN(auto usage, RunCommand({.argv = {nsexec, "--overlay", root}}));
+  EXPECT_EQ(usage.exit_code, 2);
+  EXPECT_NE(usage.err.find("usage: strata-nsexec"), std::string::npos) << usage.err;
+}
+
 TEST_F(LauncherTest, InterruptedAndFailedSandboxesLeaveNothing) {
   std::mt19937 rng(3);
   for (int i = 0; i < 12; ++i) {
