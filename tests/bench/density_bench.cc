@@ -16,10 +16,12 @@
 //     (`crun spec`: pid, mount, network, ipc and uts namespaces of their
 //     own, running sleep) on the same busybox root.
 // Usage: density_bench [IDLE] [POOL]   (defaults 1000 and 64)
+#include <dirent.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -169,6 +171,56 @@ std::vector<std::pair<std::string, double>> Growth(const Snapshot& before, const
   return kept;
 }
 
+// CPU seconds by process name (utime, stime and those of waited-for
+// children, so a runtime that ran and was reaped counts for its parent).
+using Cpu = std::map<std::string, double>;
+using CpuByPid = std::map<std::string, std::pair<std::string, double>>;  // pid -> (name, seconds)
+CpuByPid SampleCpu() {
+  CpuByPid out;
+  const double tick = static_cast<double>(::sysconf(_SC_CLK_TCK));
+  std::vector<std::string> pids;
+  if (DIR* d = ::opendir("/proc")) {
+    while (dirent* e = ::readdir(d)) {
+      if (std::isdigit(static_cast<unsigned char>(e->d_name[0]))) pids.push_back(e->d_name);
+    }
+    ::closedir(d);
+  }
+  for (const auto& pid : pids) {
+    const std::string text = ReadFileToString("/proc/" + pid + "/stat").value_or("");
+    const size_t open = text.find('('), close = text.rfind(')');
+    if (open == std::string::npos || close == std::string::npos || close + 2 > text.size()) continue;
+    std::istringstream f(text.substr(close + 2));
+    std::string field;
+    double ticks = 0;
+    for (int i = 0; i < 15 && f >> field; ++i) {
+      if (i >= 11) ticks += std::stod(field);  // utime, stime, cutime, cstime
+    }
+    std::string name = text.substr(open + 1, close - open - 1);
+    if (name.starts_with("kworker")) name = "kworker";  // (kworker/0:1H, ...)
+    out[pid] = {name, ticks / tick};
+  }
+  return out;
+}
+// What each name used between two samples; a process that began between
+// them counts whole, one that ended is lost (unless its parent waited).
+Cpu CpuBetween(const CpuByPid& a, const CpuByPid& b) {
+  Cpu out;
+  for (const auto& [pid, v] : b) {
+    auto it = a.find(pid);
+    const double before = it != a.end() && it->second.first == v.first ? it->second.second : 0;
+    if (v.second > before) out[v.first] += v.second - before;
+  }
+  return out;
+}
+// All CPU time the machine spent (user, nice, system, irq, softirq), s.
+double BusySeconds() {
+  std::ifstream in("/proc/stat");
+  std::string cpu;
+  double user = 0, nice = 0, system = 0, idle = 0, iowait = 0, irq = 0, softirq = 0;
+  in >> cpu >> user >> nice >> system >> idle >> iowait >> irq >> softirq;
+  return (user + nice + system + irq + softirq) / static_cast<double>(::sysconf(_SC_CLK_TCK));
+}
+
 // The daemon's step sums (strata_sandbox_step_seconds): (path, step) ->
 // (seconds, count).
 using Steps = std::map<std::string, std::pair<double, double>>;
@@ -273,6 +325,10 @@ int Body(int argc, char** argv) {
   std::fprintf(stderr, "density_bench: %d idle sandboxes...\n", idle);
   const int rate_cycles = 64;
   std::vector<Figures> rates, execs, takes, bursts;
+  std::vector<Cpu> cycle_cpu;           // by name, cores, during the cycles
+  std::vector<double> cycle_busy;       // the machine's, cores
+  Cpu quiet_cpu;                        // with IDLE idle and nothing asked, cores
+  double quiet_busy = 0;
   std::vector<std::map<std::string, double>> step_means;
   std::vector<double> pid1_cores;  // PID 1's CPU during each, in cores
   std::vector<int> at;
@@ -290,12 +346,27 @@ int Body(int argc, char** argv) {
     }
     at.push_back(made);
     std::fprintf(stderr, "density_bench: with %d idle: cycles, execs, a warm pool...\n", made);
+    if (made == idle) {
+      // What the node spends with them idle and nothing asked of it.
+      const CpuByPid a = SampleCpu();
+      const double busy0 = BusySeconds();
+      const auto q0 = std::chrono::steady_clock::now();
+      std::this_thread::sleep_for(std::chrono::seconds(10));
+      const double q = std::chrono::duration<double>(std::chrono::steady_clock::now() - q0).count();
+      quiet_busy = (BusySeconds() - busy0) / q;
+      for (auto& [name, s] : CpuBetween(a, SampleCpu())) quiet_cpu[name] = s / q;
+    }
     const Steps steps0 = ScrapeSteps(client);
     const double cpu0 = Pid1Seconds();
+    const CpuByPid sample0 = SampleCpu();
+    const double busy0 = BusySeconds();
     const auto t0 = std::chrono::steady_clock::now();
     rates.push_back(Measure(rate_cycles, kInFlight, cycle));
     const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     pid1_cores.push_back(wall > 0 ? (Pid1Seconds() - cpu0) / wall : 0);
+    cycle_busy.push_back((BusySeconds() - busy0) / wall);
+    cycle_cpu.emplace_back();
+    for (auto& [name, s] : CpuBetween(sample0, SampleCpu())) cycle_cpu.back()[name] = s / wall;
     step_means.push_back(StepMeans(steps0, ScrapeSteps(client), rate_cycles / 2.0));
     // Exec latency in a sandbox made now (the newest, as a caller's would be).
     const std::string probe = Check(client.Create(spec))["id"];
@@ -339,7 +410,6 @@ int Body(int argc, char** argv) {
   // Every one of them answers.
   Figures answer = Measure(idle, kInFlight, [&](int i) { exec_ok(held[static_cast<size_t>(i)]); });
   Measure(idle, kInFlight, [&](int i) { Check(client.Destroy(held[static_cast<size_t>(i)])); });
-  daemon.Stop();
 
   // crun's default spec on the same root, running sleep.
   std::fprintf(stderr, "density_bench: %d idle crun containers...\n", idle);
@@ -366,7 +436,16 @@ int Body(int argc, char** argv) {
   const int crun_own_sb = idle >= 2 ? OwnSuperblocks(FirstPid(StrCat("/sys/fs/cgroup/pids/", tag, 0, "/cgroup.procs")),
                                                      FirstPid(StrCat("/sys/fs/cgroup/pids/", tag, 1, "/cgroup.procs")))
                                     : -1;
+  // The same cycles beside IDLE idle processes that are not strata's: what
+  // a node with that many processes costs strata anyway.
+  std::fprintf(stderr, "density_bench: cycles beside %d idle crun containers...\n", idle);
+  const double crun_cpu0 = Pid1Seconds();
+  const auto crun_t0 = std::chrono::steady_clock::now();
+  const Figures beside_crun = Measure(rate_cycles, kInFlight, cycle);
+  const double crun_wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - crun_t0).count();
+  const double crun_pid1 = crun_wall > 0 ? (Pid1Seconds() - crun_cpu0) / crun_wall : 0;
   Measure(idle, kInFlight, [&](int i) { RunCommand({.argv = {"crun", "delete", "--force", StrCat(tag, i)}}).status().IgnoreError(); });
+  daemon.Stop();
 
   auto kib_each = [&](uint64_t a, uint64_t b) { return a > b ? static_cast<double>(a - b) / idle : 0.0; };
   const double ours_kib = kib_each(before, with_idle), crun_kib = kib_each(before_crun, with_crun);
@@ -426,6 +505,9 @@ int Body(int argc, char** argv) {
            by_rate ? Fixed(b.per_second / a.per_second, 2) + " (rate)" : Fixed(a.p50_ms / b.p50_ms, 2) + " (p50, none / full)"});
   };
   row(StrCat("create -> exec -> destroy, ", kInFlight, " in flight"), rates, true);
+  f.Add({StrCat("the same beside ", idle, " idle crun containers instead (PID 1 left ", Fixed(cores - crun_pid1, 2), " cores)"), "", "", "",
+         Fixed(beside_crun.p50_ms, 2), Fixed(beside_crun.p99_ms, 2), Fixed(beside_crun.per_second, 1),
+         Fixed(beside_crun.per_second / rates[0].per_second, 2) + " (rate)"});
   row("exec true in a live sandbox, one at a time", execs, false);
   row(StrCat("warm pool: ", pool_size, " takes one at a time, create -> first exec"), takes, false);
   row(StrCat("warm pool: a burst of ", pool_size, ", create -> first exec"), bursts, true);
@@ -438,6 +520,24 @@ int Body(int argc, char** argv) {
     s.Add({key, Fixed(none, 2), Fixed(it->second, 2), Fixed(it->second > 0 ? none / it->second : 0, 2)});
   }
   s.Print();
+  std::printf("\nCPU by process, cores: during the cycles with none and with %d idle; with %d idle and nothing asked (10 s)\n", at[full], at[full]);
+  Table c({"process", "cycles, none", StrCat("cycles, ", at[full], " idle"), StrCat(at[full], " idle, quiet")});
+  std::set<std::string> names;
+  for (const Cpu* m : {&cycle_cpu[0], &cycle_cpu[full], &quiet_cpu}) {
+    std::vector<std::pair<double, std::string>> top;
+    for (const auto& [name, v] : *m) top.push_back({v, name});
+    std::sort(top.rbegin(), top.rend());
+    for (size_t i = 0; i < top.size() && i < 8; ++i) names.insert(top[i].second);
+  }
+  auto get = [](const Cpu& m, const std::string& name) { auto it = m.find(name); return it == m.end() ? 0.0 : it->second; };
+  std::vector<std::pair<double, std::string>> by_use;
+  for (const auto& name : names) by_use.push_back({get(cycle_cpu[full], name) + get(quiet_cpu, name), name});
+  std::sort(by_use.rbegin(), by_use.rend());
+  for (const auto& [_, name] : by_use) {
+    c.Add({name, Fixed(get(cycle_cpu[0], name), 3), Fixed(get(cycle_cpu[full], name), 3), Fixed(get(quiet_cpu, name), 3)});
+  }
+  c.Add({"the machine (/proc/stat, all but idle)", Fixed(cycle_busy[0], 3), Fixed(cycle_busy[full], 3), Fixed(quiet_busy, 3)});
+  c.Print();
 
   // Where it goes, per sandbox and per crun container (KiB).
   std::printf("\nper idle sandbox / crun container, KiB (the largest slab caches of either)\n");
