@@ -223,9 +223,9 @@ Status ContainerBackend::Start(const BackendStart& start) {
   for (const auto& fd : command_cgroups) pass.push_back(fd.get());
   std::vector<std::string> run = {node_.nsexec_binary, "--overlay", rootfs_, root_options};
   if (fncall_) run.push_back("--read-only");
-  for (const std::string& arg : {std::string("--"), node_.runtime, std::string("run")}) run.push_back(arg);
+  run.insert(run.end(), {"--", node_.runtime, "run"});
   if (node_.managed) run.push_back("--detach");  // returns once the agent runs
-  for (const std::string& arg : {std::string("--preserve-fds"), StrCat(pass.size()), std::string("--bundle"), dir_, id_}) run.push_back(arg);
+  run.insert(run.end(), {"--preserve-fds", StrCat(pass.size()), "--bundle", dir_, id_});
   STRATA_ASSIGN_OR_RETURN(Subprocess runtime, Subprocess::Start({.argv = run,
                                                                  .stdout_mode = StdStream::kNull,
                                                                  .stderr_mode = StdStream::kFile,
