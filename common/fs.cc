@@ -118,8 +118,12 @@ Status MakeDirs(const std::string& path, mode_t mode) {
     return Error(ENOTDIR, StrCat("mkdir ", path, ": exists and is not a directory"));
   }
   if (errno != ENOENT) return ErrnoError(errno, StrCat("mkdir ", path));
+  // Missing parents get 0755, as `mkdir -p` makes them: a private leaf
+  // (0700) must not make its parents private too, which would shut every
+  // other user out of their siblings (a sandbox's mapped root out of
+  // /run/strata/sandboxes when /run/strata/claims came first).
   std::string parent = Dirname(path);
-  if (parent != path) STRATA_RETURN_IF_ERROR(MakeDirs(parent, mode));
+  if (parent != path) STRATA_RETURN_IF_ERROR(MakeDirs(parent, 0755));
   if (::mkdir(path.c_str(), mode) != 0 && errno != EEXIST) return ErrnoError(errno, StrCat("mkdir ", path));
   return OkStatus();
 }

@@ -30,7 +30,8 @@ Result<std::string> ReadFileToString(const std::string& path);
 // The file gets `mode` (less the umask).
 Status WriteFileAtomic(const std::string& path, std::string_view data, bool durable = true, mode_t mode = 0644);
 
-// mkdir -p. Existing directories are fine.
+// mkdir -p: `path` gets `mode`, any missing parent 0755 (both less the
+// umask). Existing directories are fine and keep their mode.
 Status MakeDirs(const std::string& path, mode_t mode = 0755);
 
 // rm -rf that never follows symlinks and never crosses into another

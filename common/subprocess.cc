@@ -5,11 +5,13 @@
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <chrono>
 #include <cstring>
 #include <map>
@@ -326,6 +328,23 @@ Result<SubprocessResult> Subprocess::Wait() {
 Result<SubprocessResult> RunCommand(SubprocessOptions options) {
   STRATA_ASSIGN_OR_RETURN(Subprocess p, Subprocess::Start(std::move(options)));
   return p.Wait();
+}
+
+std::string FindProgram(const std::string& name) {
+  if (name.empty()) return "";
+  if (name.find('/') != std::string::npos) return ::access(name.c_str(), X_OK) == 0 ? name : "";
+  const char* path = std::getenv("PATH");
+  std::string_view dirs = path && *path ? path : "/usr/bin:/bin";
+  while (true) {
+    const size_t colon = dirs.find(':');
+    std::string dir(dirs.substr(0, colon));
+    if (dir.empty()) dir = ".";
+    std::string candidate = dir + "/" + name;
+    struct stat st;
+    if (::stat(candidate.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(candidate.c_str(), X_OK) == 0) return candidate;
+    if (colon == std::string_view::npos) return "";
+    dirs.remove_prefix(colon + 1);
+  }
 }
 
 Result<SubprocessResult> RunChecked(SubprocessOptions options, std::string_view step) {

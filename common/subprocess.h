@@ -82,6 +82,11 @@ class Subprocess {
   UniqueFd stdin_, stdout_, stderr_;
 };
 
+// The file `name` names as a program: itself when it holds a slash, else
+// the first executable of that name in $PATH (or /usr/bin:/bin); empty when
+// there is none.
+std::string FindProgram(const std::string& name);
+
 // Start + Wait.
 Result<SubprocessResult> RunCommand(SubprocessOptions options);
 // RunCommand that also fails unless the command exits 0; the error reads

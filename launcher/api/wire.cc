@@ -54,6 +54,18 @@ Result<SandboxSpec> ParseSpec(const json& j, const NodeConfig& node) {
       return Error(EINVAL, StrCat("create: backend must be ", NamesOr(node.backends ? node.backends->Names() : std::vector<std::string>{}),
                                   ", not ", Quote(spec.backend)));
     }
+    spec.runtime = j.value("runtime", "");
+    if (!spec.runtime.empty()) {
+      if (!(*node.backends->Find(spec.backend))->oci_runtime) {
+        return Error(EINVAL, StrCat("create: runtime ", Quote(spec.runtime), ": a ", spec.backend,
+                                    " sandbox runs no OCI runtime (containers and fncall pools do)"));
+      }
+      auto runtime = node.RuntimeFor(spec.runtime);
+      if (!runtime.ok()) return runtime.status().Annotate("create");
+      // The node's default is said by none: pools and their takes match
+      // whether a create named it or not.
+      if (*runtime == node.runtime) spec.runtime.clear();
+    }
     spec.limits.cpus = j.value("cpus", 0.0);
     spec.limits.pids = j.value("pids", int64_t{0});
     if (j.contains("memory")) {

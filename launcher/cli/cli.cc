@@ -51,7 +51,7 @@ json SpecJson(const SandboxSpec& s) {
   return {{"layers", s.layers}, {"store", s.store}, {"backend", s.backend}, {"cpus", s.limits.cpus},
           {"memory", s.limits.memory}, {"pids", s.limits.pids}, {"disk", s.disk},
           {"network", s.network.ToJson()}, {"env", s.env}, {"workdir", s.workdir}, {"files", s.files.ToJson()},
-          {"kill_leftovers", s.kill_leftovers}};
+          {"kill_leftovers", s.kill_leftovers}, {"runtime", s.runtime}};
 }
 
 json ExecJson(const ExecRequest& r) {
@@ -106,7 +106,7 @@ void SandboxFlags::Add(CLI::App* c) {
   c->add_option("--disk", disk, "size cap of the writable layer")->capture_default_str();
   c->add_option("--net", net, "none (loopback only, the default), allow (only --allow), open (public addresses), host");
   c->add_option("--allow", allow, "with --net allow: DOMAIN, *.DOMAIN, ADDR or CIDR, each with an optional :PORT (repeatable)");
-  c->add_option("--runtime", runtime, "OCI runtime (default crun, or $STRATA_RUNTIME)");
+  c->add_option("--runtime", spec.runtime, "OCI runtime of a container or fncall sandbox, one the node offers: crun (the default, or $STRATA_RUNTIME) or runc");
   c->add_option("--env", spec.env, "K=V for commands");
   c->add_option("--workdir", spec.workdir, "working directory of commands")->capture_default_str();
   c->add_option("--deny", deny, "PATH no command but the grader's may read, list, write or run (repeatable)");

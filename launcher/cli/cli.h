@@ -88,7 +88,7 @@ struct SandboxFlags {
   SandboxSpec spec;
   double cpus = 0;
   int64_t pids = 0;
-  std::string memory, disk = "10G", net, runtime;
+  std::string memory, disk = "10G", net;
   std::vector<std::string> allow, deny, read_only;
   bool verbose = false;
   void Add(CLI::App* c);

@@ -100,11 +100,12 @@ int Run(const Flags& f, Cli& cli) {
   request.argv = cli.command;
   request.env = spec->env;
   request.cwd = spec->workdir;
-  if (!f.sandbox.runtime.empty()) cli.node.runtime = f.sandbox.runtime;
   auto client = f.client.Connect();
   if (!client.ok()) return Fail(client.status());
   if (!f.no_daemon && client->Alive()) return RunThroughDaemon(*client, *spec, request, f.sandbox.verbose);
   if (!f.client.url.empty() && !f.no_daemon) return Fail(Error(ECONNREFUSED, "run: no daemon answers at " + f.client.url));
+  // Here, as root on this machine, a runtime may also be a path of one's own.
+  if (spec->runtime.find('/') != std::string::npos) cli.node.runtime = spec->runtime;
   return RunHere(*spec, cli.node, request, f.sandbox.verbose);
 }
 

@@ -58,6 +58,7 @@ Status AddContainerBackends(BackendTable& table) {
       // Its cgroup's limit: the caller's and the agent's reserve beside it.
       .memory_commit = [](const SandboxSpec& spec) { return spec.limits.memory > 0 ? spec.limits.memory + kAgentReserveMemory : 0; },
       .sweep = sweep,
+      .oci_runtime = true,
       .warm_pools = true,
   }));
   return table.Add({
@@ -66,16 +67,19 @@ Status AddContainerBackends(BackendTable& table) {
         return std::make_unique<ContainerBackend>(node, id, dir, true);
       },
       .sweep = sweep,
-      .calls = true,  // (its memory is its pool's: none of its own)
+      .calls = true,
+      .oci_runtime = true,  // (its memory is its pool's: none of its own)
   });
 }
 
 ContainerBackend::ContainerBackend(NodeConfig node, std::string id, std::string dir, bool fncall)
-    : node_(std::move(node)), id_(std::move(id)), dir_(std::move(dir)), rootfs_(dir_ + "/rootfs"), fncall_(fncall) {}
+    : node_(std::move(node)), id_(std::move(id)), dir_(std::move(dir)), rootfs_(dir_ + "/rootfs"), fncall_(fncall),
+      runtime_path_(node_.runtime) {}
 
 Status ContainerBackend::Start(const BackendStart& start) {
   const SandboxSpec& spec = start.spec;
   StepTimer timer(id_, fncall_ ? "fncall create" : "container create");
+  if (!spec.runtime.empty()) runtime_path_ = spec.runtime;
   const uid_t root_uid = static_cast<uid_t>(node_.idmap.ToHost(0));
   STRATA_RETURN_IF_ERROR(CheckTraversable(dir_, root_uid));
   std::vector<std::string> lowers;  // top first, as overlayfs wants them
@@ -187,7 +191,8 @@ Status ContainerBackend::Start(const BackendStart& start) {
                 "GLIBC_TUNABLES=glibc.pthread.stack_cache_size=0"};
   config.fncall = fncall_;
   const std::string seccomp_cache = JoinPath(Dirname(node_.run_dir), "seccomp");
-  if (Basename(node_.runtime) == "crun") {
+  config.crun = Basename(runtime_path_) == "crun";
+  if (config.crun) {
     auto bpf = CompiledSeccompBase64(AgentSeccompProfile(), seccomp_cache);
     if (bpf.ok()) config.seccomp_bpf_base64 = std::move(*bpf);
     else STRATA_LOG(kWarn) << "precompile seccomp profile: " << bpf.status().ToString() << "; crun compiles it";
@@ -223,7 +228,7 @@ Status ContainerBackend::Start(const BackendStart& start) {
   for (const auto& fd : command_cgroups) pass.push_back(fd.get());
   std::vector<std::string> run = {node_.nsexec_binary, "--overlay", rootfs_, root_options};
   if (fncall_) run.push_back("--read-only");
-  run.insert(run.end(), {"--", node_.runtime, "run"});
+  run.insert(run.end(), {"--", runtime_path_, "run"});
   if (node_.managed) run.push_back("--detach");  // returns once the agent runs
   run.insert(run.end(), {"--preserve-fds", StrCat(pass.size()), "--bundle", dir_, id_});
   STRATA_ASSIGN_OR_RETURN(Subprocess runtime, Subprocess::Start({.argv = run,
@@ -242,20 +247,21 @@ Status ContainerBackend::Start(const BackendStart& start) {
     std::string text = log.ok() ? *log : "";
     while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.pop_back();
     if (!runtime_->Running() && text.starts_with("strata-nsexec:")) return Error(EIO, text);  // (the root, before the runtime)
-    if (!runtime_->Running() && !text.empty()) return Error(EIO, StrCat(node_.runtime, " failed to start the agent: ", text));
+    if (!runtime_->Running() && !text.empty()) return Error(EIO, StrCat(runtime_path_, " failed to start the agent: ", text));
     return ready.Annotate("start the sandbox's agent");
   }
   if (node_.managed) {
     // `run --detach` returns right after the container started; reap it.
     auto exit = runtime_->Wait();
-    if (!exit.ok() || !exit->success()) return Error(EIO, StrCat(node_.runtime, " run --detach failed after the agent started"));
+    if (!exit.ok() || !exit->success()) return Error(EIO, StrCat(runtime_path_, " run --detach failed after the agent started"));
     runtime_.reset();
   }
   timer.Step("mount root, start runtime and agent");
   return OkStatus();
 }
 
-void ContainerBackend::Adopt(const json&) {
+void ContainerBackend::Adopt(const json& state) {
+  runtime_path_ = state.value("runtime", node_.runtime);
   // A root still mounted here is an older daemon's habit (before
   // 2026-12-03 every root stayed, until 2026-12-07 the roots of creates in
   // flight): a container that runs has its own, so ours goes now.
@@ -271,7 +277,7 @@ void ContainerBackend::Adopt(const json&) {
 bool ContainerBackend::Alive(AgentClient& agent, bool paused) {
   if (paused) {
     // A frozen agent cannot answer: ask the runtime instead.
-    auto state = RunCommand({.argv = {node_.runtime, "state", id_}, .timeout = std::chrono::seconds(10)});
+    auto state = RunCommand({.argv = {runtime_path_, "state", id_}, .timeout = std::chrono::seconds(10)});
     if (!state.ok() || !state->success()) return false;
     json j = json::parse(state->out, nullptr, false);
     return j.is_object() && j.value("status", "") == "paused";
@@ -285,11 +291,11 @@ bool ContainerBackend::Alive(AgentClient& agent, bool paused) {
 bool ContainerBackend::Takeable(AgentClient& agent) { return agent.Accepts(); }
 
 Status ContainerBackend::Pause() {
-  return RunChecked({.argv = {node_.runtime, "pause", id_}, .timeout = std::chrono::seconds(30)}, "pause sandbox " + id_).status();
+  return RunChecked({.argv = {runtime_path_, "pause", id_}, .timeout = std::chrono::seconds(30)}, "pause sandbox " + id_).status();
 }
 
 Status ContainerBackend::Resume() {
-  return RunChecked({.argv = {node_.runtime, "resume", id_}, .timeout = std::chrono::seconds(30)}, "resume sandbox " + id_).status();
+  return RunChecked({.argv = {runtime_path_, "resume", id_}, .timeout = std::chrono::seconds(30)}, "resume sandbox " + id_).status();
 }
 
 std::string ContainerBackend::CgroupDir(const std::string& controller) const {
@@ -325,12 +331,12 @@ Status ContainerBackend::Destroy(AgentClient* agent) {
   if (node_.managed) {
     if (agent) agent->Shutdown().IgnoreError();
     runtime_.reset();
-    RunCommand({.argv = {node_.runtime, "delete", "--force", id_}, .timeout = std::chrono::seconds(10)}).status().IgnoreError();
+    RunCommand({.argv = {runtime_path_, "delete", "--force", id_}, .timeout = std::chrono::seconds(10)}).status().IgnoreError();
     timer.Step("stop runtime");
   } else if (runtime_) {
     if (runtime_->Running() && agent) agent->Shutdown().IgnoreError();
     if (runtime_->RunningAfter(std::chrono::seconds(1))) {
-      RunCommand({.argv = {node_.runtime, "kill", id_, "KILL"}, .timeout = std::chrono::seconds(10)}).status().IgnoreError();
+      RunCommand({.argv = {runtime_path_, "kill", id_, "KILL"}, .timeout = std::chrono::seconds(10)}).status().IgnoreError();
       runtime_->RunningAfter(std::chrono::seconds(5));
     }
     runtime_.reset();  // kills and reaps whatever is left of the runtime's group
@@ -338,8 +344,8 @@ Status ContainerBackend::Destroy(AgentClient* agent) {
   }
   // `run` deletes the container when its init exits; if the runtime died
   // first its state is still there.
-  if (::access(StrCat("/run/", Basename(node_.runtime), "/", id_).c_str(), F_OK) == 0) {
-    RunCommand({.argv = {node_.runtime, "delete", "--force", id_}, .timeout = std::chrono::seconds(10)}).status().IgnoreError();
+  if (::access(StrCat("/run/", Basename(runtime_path_), "/", id_).c_str(), F_OK) == 0) {
+    RunCommand({.argv = {runtime_path_, "delete", "--force", id_}, .timeout = std::chrono::seconds(10)}).status().IgnoreError();
   }
   errors.Note(RemoveSandboxDev(id_));  // (first: its pages would keep the memory cgroup, dying)
   RemoveSandboxCgroups(node_.cgroup_parent + "/" + id_);

@@ -43,6 +43,9 @@ class ContainerBackend : public Backend {
   const NodeConfig node_;
   const std::string id_, dir_, rootfs_;
   const bool fncall_;
+  // The OCI runtime it runs (the spec's, as Sandbox resolved it; after a
+  // restart the state's).
+  std::string runtime_path_;
   std::optional<UpperVolume> upper_;
   std::optional<Subprocess> runtime_;  // a one-shot launcher's, while it runs
   bool destroyed_ = false;

@@ -42,14 +42,15 @@ json OciConfig(const ContainerConfig& c) {
   caps.push_back("CAP_SYS_ADMIN");
   if (c.fncall) caps.push_back("CAP_NET_ADMIN");
   // Masked files are bound to /dev/null by the runtime; masked directories
-  // get the node's empty directory, bound read-only (the runtime would
-  // mount a tmpfs, a superblock, on each). Only those the node has: the
+  // get, from crun, the node's empty directory, bound read-only (the
+  // runtime would mount a tmpfs, a superblock, on each: what others do,
+  // which refuse a bind inside /proc). Only those the node has: the
   // sandbox's /proc and /sys show the same entries.
   json masked = json::array(), readonly = json::array(), mask_mounts = json::array();
   if (!c.fncall) {  // a function call's agent applies them to each call's own /proc
     for (const char* p : kMaskedPaths) {
       struct stat st;
-      if (::stat(p, &st) == 0 && S_ISDIR(st.st_mode)) {
+      if (c.crun && ::stat(p, &st) == 0 && S_ISDIR(st.st_mode)) {
         mask_mounts.push_back({{"destination", p}, {"type", "bind"}, {"source", c.mask_dir},
                                {"options", {"bind", "ro", "nosuid", "nodev", "noexec"}}});
       } else {
@@ -107,7 +108,7 @@ json OciConfig(const ContainerConfig& c) {
 
   const json id_map = json::array({{{"containerID", c.idmap.container}, {"hostID", c.idmap.host}, {"size", c.idmap.size}}});
   json annotations = json::object();
-  if (!c.seccomp_bpf_base64.empty()) annotations["run.oci.seccomp_bpf_data"] = c.seccomp_bpf_base64;
+  if (c.crun && !c.seccomp_bpf_base64.empty()) annotations["run.oci.seccomp_bpf_data"] = c.seccomp_bpf_base64;
   return {
       {"annotations", annotations},
       {"ociVersion", "1.0.2"},

@@ -55,9 +55,14 @@ struct ContainerConfig {
   std::string mask_dir = kMaskDir;
   std::string dev_dir;                // the sandbox's directory in kSandboxDevs
   std::vector<std::string> env;       // the agent's (and its commands' default) environment
-  // The default profile compiled to BPF (base64), for runtimes that take it
-  // (crun's run.oci.seccomp_bpf_data); the profile stays in linux.seccomp
-  // for those that do not.
+  // The runtime is crun, and takes what goes beyond the spec: masked
+  // kernel directories as binds of mask_dir inside /proc (other runtimes
+  // refuse mounts there, and get linux.maskedPaths: a read-only tmpfs, a
+  // superblock, per directory), and seccomp_bpf_base64.
+  bool crun = true;
+  // The default profile compiled to BPF (base64), for crun
+  // (run.oci.seccomp_bpf_data); the profile stays in linux.seccomp for
+  // the runtimes that compile it themselves.
   std::string seccomp_bpf_base64;
   // A function-call pool's warm container: the root is read-only, and the
   // agent also keeps CAP_NET_ADMIN to give each call fresh namespaces, a

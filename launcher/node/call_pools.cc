@@ -18,7 +18,7 @@ constexpr auto kPoolGrace = std::chrono::seconds(30);
 }  // namespace
 
 std::string PoolKey(const SandboxSpec& spec, const std::string& owner) {
-  return StrCat(owner, "|", Join(spec.layers, ","), "|", cache::DefaultStoreUrl(spec.store), "|", spec.limits.cpus, "|", spec.limits.memory,
+  return StrCat(owner, "|", spec.runtime, "|", Join(spec.layers, ","), "|", cache::DefaultStoreUrl(spec.store), "|", spec.limits.cpus, "|", spec.limits.memory,
                 "|", spec.limits.pids, "|", spec.network.ToJson().dump());
 }
 

@@ -28,21 +28,24 @@ constexpr int kWarmMaxSize = 4096;  // ready sandboxes one pool may ask for
 }  // namespace
 
 std::string WarmKey(const SandboxSpec& spec) {
-  return StrCat(spec.backend, "|", Join(spec.layers, ","), "|", cache::DefaultStoreUrl(spec.store), "|", spec.limits.cpus, "|", spec.limits.memory, "|",
+  return StrCat(spec.backend, "|", spec.runtime, "|", Join(spec.layers, ","), "|", cache::DefaultStoreUrl(spec.store), "|", spec.limits.cpus, "|", spec.limits.memory, "|",
                 spec.limits.pids, "|", spec.disk, "|", spec.network.ToJson().dump());
 }
 
 json WarmSpecJson(const SandboxSpec& spec) {
-  return {{"backend", spec.backend},          {"layers", spec.layers}, {"store", spec.store},
+  json j = {{"backend", spec.backend},          {"layers", spec.layers}, {"store", spec.store},
           {"cpus", spec.limits.cpus},          {"memory", spec.limits.memory},
           {"pids", spec.limits.pids},          {"disk", spec.disk},
           {"network", spec.network.ToJson()}};
+  if (!spec.runtime.empty()) j["runtime"] = spec.runtime;
+  return j;
 }
 
 Result<SandboxSpec> WarmSpecFromJson(const json& j) {
   SandboxSpec spec;
   try {
     spec.backend = j.value("backend", std::string(kDefaultBackend));  // (pools recorded before microVM pools were container ones)
+    spec.runtime = j.value("runtime", "");
     spec.layers = j.at("layers").get<std::vector<std::string>>();
     spec.store = j.value("store", "");
     spec.limits.cpus = j.value("cpus", 0.0);

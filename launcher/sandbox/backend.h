@@ -149,6 +149,9 @@ struct BackendKind {
   // same stack and limits (its call pools). Such a sandbox has no upper,
   // and its network is its pool's, fixed at create.
   bool calls = false;
+  // Runs an OCI runtime: a create may name one (SandboxSpec::runtime);
+  // for other kinds naming one is an error.
+  bool oci_runtime = false;
   // Warm pools may keep ready sandboxes of this kind.
   bool warm_pools = false;
   // A warm pool runs one command in a sandbox it made before it counts as

@@ -14,6 +14,7 @@
 
 #include "common/fs.h"
 #include "common/log.h"
+#include "common/subprocess.h"
 #include "common/strings.h"
 #include "launcher/sandbox/backend.h"
 #include "launcher/protocol/layout.h"
@@ -31,6 +32,7 @@ namespace {
 json SpecState(const SandboxSpec& spec) {
   return {{"layers", spec.layers},
           {"backend", spec.backend},
+          {"runtime", spec.runtime},
           {"cpus", spec.limits.cpus},
           {"memory", spec.limits.memory},
           {"pids", spec.limits.pids},
@@ -127,6 +129,13 @@ NodeConfig NodeConfig::FromEnvironment() {
   if (auto v = env("STRATA_LAZYFS_SOCKET"); !v.empty()) n.lazyfs_socket = v;
   if (auto v = env("STRATA_CACHE"); !v.empty()) n.cache_dir = v;
   if (auto v = env("STRATA_RUNTIME"); !v.empty()) n.runtime = v;
+  if (auto v = env("STRATA_RUNTIMES"); !v.empty()) {
+    n.runtimes = Split(v, ',');
+  } else {
+    for (const char* name : {"crun", "runc"}) {
+      if (!FindProgram(name).empty()) n.runtimes.push_back(name);
+    }
+  }
   if (auto v = env("STRATA_CGROUP_PARENT"); !v.empty()) n.cgroup_parent = v;
   if (auto v = env("STRATA_AGENT"); !v.empty()) n.agent_binary = v;
   if (auto v = env("STRATA_NSEXEC"); !v.empty()) n.nsexec_binary = v;
@@ -167,6 +176,28 @@ NodeConfig NodeConfig::FromEnvironment() {
   return n;
 }
 
+std::vector<std::string> NodeConfig::RuntimeNames() const {
+  std::vector<std::string> names = {Basename(runtime)};
+  for (const auto& r : runtimes) {
+    if (!r.empty() && std::find(names.begin(), names.end(), Basename(r)) == names.end()) names.push_back(Basename(r));
+  }
+  return names;
+}
+
+Result<std::string> NodeConfig::RuntimeFor(const std::string& requested) const {
+  if (requested.empty() || requested == runtime || requested == Basename(runtime)) return runtime;
+  // By name only: a path is not a name any entry has, so it is refused
+  // like any program the node does not offer.
+  for (const auto& r : runtimes) {
+    if (requested == Basename(r) && requested.find('/') == std::string::npos) return r;
+  }
+  const auto names = RuntimeNames();
+  std::string offered = names.size() < 2 ? Join(names, "")
+                                         : Join(std::vector<std::string>(names.begin(), names.end() - 1), ", ") + " or " + names.back();
+  return Error(EINVAL, StrCat("runtime ", Quote(requested), ": this node offers ", offered,
+                              " (an OCI runtime it runs is installed and named in STRATA_RUNTIMES)"));
+}
+
 
 Result<std::string> CommandSeccompProgram(const NodeConfig& node, bool agent_filtered) {
   STRATA_ASSIGN_OR_RETURN(std::string bpf64, CompiledSeccompBase64(agent_filtered ? CommandOnAgentSeccompProfile() : DefaultSeccompProfile(),
@@ -205,6 +236,11 @@ Status Sandbox::Start(const SandboxSpec& spec) {
     return Error(ENOENT, "find strata-agent: not beside the launcher nor in /usr/local/lib/strata (set STRATA_AGENT)");
   }
   STRATA_ASSIGN_OR_RETURN(kind_, FindBackend(node_, spec.backend));
+  if (kind_->oci_runtime) {
+    STRATA_ASSIGN_OR_RETURN(spec_.runtime, node_.RuntimeFor(spec.runtime));
+  } else if (!spec.runtime.empty()) {
+    return Error(EINVAL, StrCat("runtime ", Quote(spec.runtime), ": a ", spec.backend, " sandbox runs no OCI runtime (containers and fncall pools do)"));
+  }
   backend_ = kind_->make(node_, id_, dir_);
   STRATA_RETURN_IF_ERROR(MakeDirs(dir_ + "/agent", 0711));
   // Who owns the sandbox: a sweep removes it once this process is gone
@@ -216,7 +252,7 @@ Status Sandbox::Start(const SandboxSpec& spec) {
                 {"managed", node_.managed},
                 {"uppers", node_.uppers},
                 {"lazyfs_socket", node_.lazyfs_socket},
-                {"runtime", node_.runtime},
+                {"runtime", spec_.runtime.empty() ? node_.runtime : spec_.runtime},
                 {"cgroup", node_.cgroup_parent + "/" + id_},
                 {"store", store_url_},
                 {"created", created_},
@@ -257,7 +293,7 @@ Status Sandbox::Start(const SandboxSpec& spec) {
   // 3. The root over them, and the agent in it (the back end's).
   agent_ = std::make_unique<AgentClient>(dir_ + "/agent/" + kAgentSocketName);
   agent_->SetRulePaths(spec.files);
-  STRATA_RETURN_IF_ERROR(backend_->Start({.spec = spec,
+  STRATA_RETURN_IF_ERROR(backend_->Start({.spec = spec_,
                                           .layers = (*acquired)["layers"],
                                           .agent = *agent_,
                                           .attach_network = [this, &spec] { return AttachNetwork(spec.network); }}));
@@ -402,6 +438,9 @@ Result<std::unique_ptr<Sandbox>> Sandbox::Adopt(const std::string& id, const Nod
   auto kind = FindBackend(node, sb->spec_.backend);
   if (!kind.ok()) return kind.status().Annotate("adopt sandbox " + id);
   sb->kind_ = *kind;
+  // (A sandbox of a daemon before 2026-12-07 has the runtime in its state alone.)
+  sb->spec_.runtime = spec.value("runtime", std::string());
+  if (sb->spec_.runtime.empty() && sb->kind_->oci_runtime) sb->spec_.runtime = state.value("runtime", node.runtime);
   sb->backend_ = sb->kind_->make(node, id, sb->dir_);
   sb->spec_.limits.cpus = spec.value("cpus", 0.0);
   sb->spec_.limits.memory = spec.value("memory", uint64_t{0});
@@ -509,7 +548,7 @@ json Sandbox::Info() const {
   for (const auto& l : stack_) {
     layers.push_back({{"digest", l.digest.Hex()}, {"kind", cache::LayerKindName(l.manifest->kind)}, {"name", l.manifest->name}});
   }
-  return {{"id", id_},
+  json info = {{"id", id_},
           {"backend", spec_.backend},
           {"state", destroyed_ ? "destroyed" : (paused_ ? "paused" : "running")},
           {"created", created_},
@@ -518,6 +557,8 @@ json Sandbox::Info() const {
           {"network", NetworkSummary()},
           {"files", spec_.files.ToJson()},
           {"kill_leftovers", spec_.kill_leftovers}};
+  if (!spec_.runtime.empty()) info["runtime"] = Basename(spec_.runtime);
+  return info;
 }
 
 json Sandbox::Usage() const {

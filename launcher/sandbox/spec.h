@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "common/idmap.h"
+#include "common/status.h"
 #include "launcher/protocol/file_rules.h"
 #include "launcher/net/node_network.h"
 #include "launcher/net/policy.h"
@@ -29,7 +30,15 @@ struct NodeConfig {
   std::string lazyfs_socket = "/run/strata/lazyfs.sock";
   std::string cache_dir;        // for starting lazyfs; empty: its default
   std::string agent_binary;     // empty: beside this executable, then /usr/local/lib/strata
-  std::string runtime = "crun";  // any OCI runtime taking `run --bundle DIR ID`
+  // The OCI runtime of containers and function-call pools whose create
+  // names none: a name found on PATH or a path (any runtime taking
+  // `run --bundle DIR ID`, the spec's verbs and its config).
+  std::string runtime = "crun";
+  // The others a create may name (SandboxSpec::runtime): by name only, so
+  // no caller of the API picks a program of its own. FromEnvironment fills
+  // it with STRATA_RUNTIMES (comma-separated), else with those of crun and
+  // runc that are installed.
+  std::vector<std::string> runtimes;
   // Containers: strata-nsexec, which the runtime is started through (it
   // mounts the sandbox's root in a mount namespace of its own). Empty:
   // beside this executable, then /usr/local/lib/strata.
@@ -68,6 +77,13 @@ struct NodeConfig {
   // Fills the defaults that depend on the environment (STRATA_* variables,
   // the agent's location).
   static NodeConfig FromEnvironment();
+
+  // The runtime a create naming `requested` runs: `runtime` when empty or
+  // when it names it (by name or path), else the entry of `runtimes` of
+  // that name. EINVAL naming those there are for any other.
+  Result<std::string> RuntimeFor(const std::string& requested) const;
+  // The names a create may give: runtime's, then the others'.
+  std::vector<std::string> RuntimeNames() const;
 };
 
 // What a sandbox may use (each back end enforces it its own way).
@@ -81,6 +97,10 @@ struct SandboxSpec {
   std::string id;                   // empty: a new random "sb-..." id
   std::vector<std::string> layers;  // REFs, bottom first
   std::string backend = kDefaultBackend;  // a name of the node's BackendTable
+  // The OCI runtime (back ends that run one: containers, function-call
+  // pools): a name of NodeConfig::RuntimeNames(); empty: the node's. A
+  // created sandbox's spec holds the one it runs.
+  std::string runtime;
   std::string store;                // empty: $STRATA_STORE or the default
   SandboxLimits limits;
   uint64_t disk = uint64_t{10} << 30;

@@ -133,12 +133,13 @@ def create_body(layers: Sequence[str], backend: str, cpus: Optional[float], memo
                 pids: Optional[int], disk: Union[str, int, None], network: Any,
                 env: Union[Mapping[str, str], Sequence[str], None], workdir: Optional[str], store: Optional[str],
                 ttl: Optional[float], count: Optional[int], deny: Optional[Sequence[str]] = None,
-                read_only: Optional[Sequence[str]] = None, kill_leftovers: Optional[bool] = None) -> Dict[str, Any]:
+                read_only: Optional[Sequence[str]] = None, kill_leftovers: Optional[bool] = None,
+                runtime: Optional[str] = None) -> Dict[str, Any]:
     if isinstance(layers, str):
         layers = [layers]
     body: Dict[str, Any] = {"layers": list(layers), "backend": backend}
     for k, v in (("cpus", cpus), ("memory", memory), ("pids", pids), ("disk", disk), ("network", network),
-                 ("workdir", workdir), ("store", store), ("ttl", ttl), ("count", count)):
+                 ("workdir", workdir), ("store", store), ("ttl", ttl), ("count", count), ("runtime", runtime)):
         if v is not None:
             body[k] = v
     if env:
@@ -152,8 +153,9 @@ def create_body(layers: Sequence[str], backend: str, cpus: Optional[float], memo
 
 
 def warm_body(layers: Sequence[str], size: int, cpus: Optional[float], memory: Union[str, int, None], pids: Optional[int],
-              disk: Union[str, int, None], network: Any, store: Optional[str], backend: str = "container") -> Dict[str, Any]:
-    body = create_body(layers, backend, cpus, memory, pids, disk, network, None, None, store, None, None)
+              disk: Union[str, int, None], network: Any, store: Optional[str], backend: str = "container",
+              runtime: Optional[str] = None) -> Dict[str, Any]:
+    body = create_body(layers, backend, cpus, memory, pids, disk, network, None, None, store, None, None, runtime=runtime)
     body["size"] = int(size)
     return body
 

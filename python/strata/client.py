@@ -133,14 +133,16 @@ class Client:
                workdir: Optional[str] = None, store: Optional[str] = None, ttl: Optional[float] = None,
                count: Optional[int] = None, deny: Optional[Sequence[str]] = None,
                read_only: Optional[Sequence[str]] = None, kill_leftovers: Optional[bool] = None,
-               labels: Optional[Mapping[str, str]] = None) -> Union["Sandbox", List["Sandbox"]]:
+               labels: Optional[Mapping[str, str]] = None, runtime: Optional[str] = None) -> Union["Sandbox", List["Sandbox"]]:
         """Creates a sandbox (a list of ``count`` with ``count``; those that
         failed raise only when none was made). ``ttl``: seconds after the
         last call on it before the node destroys it. ``network``: ``"none"``
         (loopback only, the default), ``"allow"`` with ``allow=[...]``,
-        ``"open"`` or ``"host"``."""
+        ``"open"`` or ``"host"``. ``runtime``: the OCI runtime of a container
+        or fncall sandbox, one the node offers (``"crun"``, its default, or
+        ``"runc"``)."""
         body = c.create_body(layers, backend, cpus, memory, pids, disk, c.network_body(network, allow), env, workdir,
-                             store, ttl, count, deny, read_only, kill_leftovers)
+                             store, ttl, count, deny, read_only, kill_leftovers, runtime)
         if labels:
             body["labels"] = dict(labels)  # a gateway places on nodes that carry them
         answer = self._json("POST", "/v1/sandboxes", body=body, key=c.new_key())
@@ -163,12 +165,12 @@ class Client:
     def warm(self, layers: Sequence[str], size: int, cpus: Optional[float] = None, memory: Union[str, int, None] = None,
              pids: Optional[int] = None, disk: Union[str, int, None] = None,
              network: Union[str, Mapping[str, Any], None] = None, allow: Optional[Sequence[str]] = None,
-             store: Optional[str] = None, backend: str = "container") -> Dict[str, Any]:
+             store: Optional[str] = None, backend: str = "container", runtime: Optional[str] = None) -> Dict[str, Any]:
         """Keeps ``size`` sandboxes of this layer stack, back end (``container``
         or ``microvm``), limits and network ready (a warm pool; 0 removes
         it): a ``create`` with the same ones takes one at once. The node's
         operator only. Returns the pool."""
-        body = c.warm_body(layers, size, cpus, memory, pids, disk, c.network_body(network, allow), store, backend)
+        body = c.warm_body(layers, size, cpus, memory, pids, disk, c.network_body(network, allow), store, backend, runtime)
         return self._json("POST", "/v1/warm", body=body)
 
     def warm_pools(self) -> List[Dict[str, Any]]:

@@ -37,6 +37,21 @@ TEST(FsTest, MakeDirsAndRemoveTree) {
   EXPECT_OK(RemoveTree(dir.Sub("missing")));
 }
 
+// A private directory made first must not make its parents private: the
+// node's /run/strata once became 0700 that way, and no sandbox's mapped
+// root could reach /run/strata/sandboxes beside it.
+TEST(FsTest, MakeDirsGivesOnlyTheLeafItsMode) {
+  TempDir dir = MakeTempDir();
+  const mode_t old = ::umask(022);
+  ASSERT_OK(MakeDirs(dir.Sub("run/strata/claims"), 0700));
+  ::umask(old);
+  struct stat st;
+  ASSERT_EQ(::stat(dir.Sub("run/strata").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0755);
+  ASSERT_EQ(::stat(dir.Sub("run/strata/claims").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0700);
+}
+
 TEST(FsTest, RemoveTreeNeverFollowsSymlinks) {
   TempDir outside = MakeTempDir();
   ASSERT_OK(WriteFileAtomic(outside.Sub("keep"), "precious"));

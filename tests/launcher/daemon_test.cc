@@ -177,6 +177,52 @@ TEST_F(DaemonTest, NoNamespaceButItsOwnHoldsASandboxsRootEvenWhileItStarts) {
   }
 }
 
+// Each create runs the OCI runtime it names (issue 55: `--runtime runc` was
+// accepted and crun ran), with the spec's own means where crun's tricks do
+// not carry over (runc refuses the masks crun binds inside /proc), and a
+// runtime the node does not offer is refused by name.
+TEST_F(DaemonTest, EachCreateRunsTheRuntimeItNamesOrIsRefused) {
+  if (FindProgram("runc").empty()) GTEST_SKIP() << "runc is not installed (apt-get install runc)";
+  StartDaemon();
+  const std::string by_runc = Create({"--runtime", "runc"});
+  const std::string by_crun = Create();
+  ASSERT_FALSE(by_runc.empty());
+  ASSERT_FALSE(by_crun.empty());
+  EXPECT_EQ(::access(("/run/runc/" + by_runc).c_str(), F_OK), 0) << "runc holds no state for " << by_runc;
+  EXPECT_NE(::access(("/run/crun/" + by_runc).c_str(), F_OK), 0) << "crun runs " << by_runc;
+  EXPECT_EQ(::access(("/run/crun/" + by_crun).c_str(), F_OK), 0);
+  ASSERT_OK_AND_ASSIGN(json info, client_->Info(by_runc));
+  EXPECT_EQ(info.value("runtime", ""), "runc") << info.dump();
+  ASSERT_OK_AND_ASSIGN(json crun_info, client_->Info(by_crun));
+  EXPECT_EQ(crun_info.value("runtime", ""), "crun") << crun_info.dump();
+  for (const auto& id : {by_runc, by_crun}) {
+    // The same sandbox either way: masked kernel paths, the default
+    // seccomp filter on commands, pause and resume.
+    ASSERT_OK_AND_ASSIGN(auto r, Cli({"exec", id, "--", "sh", "-c",
+                                      "ls -A /proc/acpi /sys/firmware | wc -l; wc -c < /proc/keys; "
+                                      "grep '^Seccomp:' /proc/self/status; echo x 2>/dev/null > /proc/sys/kernel/hostname || echo ro"}));
+    EXPECT_EQ(r.out, "3\n0\nSeccomp:\t2\nro\n") << id << ": " << r.err;
+    ASSERT_OK_AND_ASSIGN(auto pause, Cli({"pause", id}));
+    EXPECT_EQ(pause.exit_code, 0) << id << ": " << pause.err;
+    ASSERT_OK_AND_ASSIGN(auto resume, Cli({"resume", id}));
+    EXPECT_EQ(resume.exit_code, 0) << id << ": " << resume.err;
+    ASSERT_OK_AND_ASSIGN(auto after, Cli({"exec", id, "--", "echo", "thawed"}));
+    EXPECT_EQ(after.out, "thawed\n") << id << ": " << after.err;
+  }
+  // Only names the node offers: never a program of the caller's choosing.
+  for (const std::string bad : {"/bin/sh", "kata"}) {
+    ASSERT_OK_AND_ASSIGN(auto refused, Cli({"create", "--layer", "busybox:1", "--runtime", bad}));
+    EXPECT_NE(refused.exit_code, 0) << bad;
+    EXPECT_NE(refused.err.find("runtime " + bad + ": this node offers crun or runc"), std::string::npos) << refused.err;
+  }
+  for (const auto& id : {by_runc, by_crun}) {
+    ASSERT_OK_AND_ASSIGN(auto destroy, Cli({"destroy", id}));
+    EXPECT_EQ(destroy.exit_code, 0) << destroy.err;
+  }
+  EXPECT_NE(::access(("/run/runc/" + by_runc).c_str(), F_OK), 0);
+  ExpectHostClean();
+}
+
 TEST_F(DaemonTest, ExecStreamsOutputAsItComes) {
   StartDaemon();
   ASSERT_OK_AND_ASSIGN(json info, client_->Create({{"layers", {"busybox:1"}}, {"store", store_url_}}));
