@@ -111,13 +111,23 @@ std::vector<DoctorCheck> CheckMounts(const NodeConfig& node) {
   return out;
 }
 
-DoctorCheck CheckRuntime(const NodeConfig& node) {
-  auto r = RunCommand({.argv = {node.runtime, "--version"}});
-  if (!r.ok() || !r->success()) {
-    return {"runtime", false, false, StrCat(node.runtime, " does not run: install it (apt-get install crun) or set STRATA_RUNTIME")};
+// The default runtime ("runtime"), then each other one a create may name
+// ("runtime runc"): one that does not run fails its creates.
+std::vector<DoctorCheck> CheckRuntimes(const NodeConfig& node) {
+  std::vector<DoctorCheck> out;
+  for (const std::string& name : node.RuntimeNames()) {
+    auto path = node.RuntimeFor(name);
+    const std::string program = path.ok() ? *path : name;
+    const std::string check = out.empty() ? "runtime" : "runtime " + name;
+    auto r = RunCommand({.argv = {program, "--version"}});
+    if (!r.ok() || !r->success()) {
+      out.push_back({check, false, false, StrCat(program, " does not run: install it (apt-get install ", name, ") or ",
+                                                 out.empty() ? "set STRATA_RUNTIME" : "leave it out of STRATA_RUNTIMES")});
+    } else {
+      out.push_back({check, true, false, r->out.substr(0, r->out.find('\n'))});
+    }
   }
-  std::string first = r->out.substr(0, r->out.find('\n'));
-  return {"runtime", true, false, first};
+  return out;
 }
 
 // crun refuses hybrid hierarchies while cgroup2 holds any controller ("drop
@@ -445,7 +455,7 @@ std::vector<DoctorCheck> RunDoctor(const NodeConfig& node, const DoctorOptions& 
   checks.push_back(CheckFilesystem("overlay", options.fix));
   checks.push_back(CheckFilesystem("erofs", options.fix));
   for (auto& c : CheckMounts(node)) checks.push_back(std::move(c));
-  checks.push_back(CheckRuntime(node));
+  for (auto& c : CheckRuntimes(node)) checks.push_back(std::move(c));
   checks.push_back(CheckCgroups(options.fix));
   checks.push_back(CheckCgroupMoves(options.fix));
   checks.push_back(CheckSeccomp());
