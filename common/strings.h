@@ -42,6 +42,8 @@ std::optional<std::string> Base64Decode(std::string_view in);
 // Splits on `sep`; empty pieces are kept.
 std::vector<std::string> Split(std::string_view s, char sep);
 std::string Join(const std::vector<std::string>& parts, std::string_view sep);
+// "a, b or c" (for messages naming the choices there are).
+std::string JoinOr(const std::vector<std::string>& parts);
 
 // "1.5 MiB", "312 B".
 std::string FormatBytes(uint64_t bytes);

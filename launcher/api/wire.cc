@@ -38,12 +38,6 @@ Result<uint64_t> SizeField(const json& j, const char* name) {
   return j[name].get<uint64_t>();
 }
 
-// "a, b or c".
-std::string NamesOr(const std::vector<std::string>& names) {
-  if (names.size() < 2) return Join(names, "");
-  return Join(std::vector<std::string>(names.begin(), names.end() - 1), ", ") + " or " + names.back();
-}
-
 Result<SandboxSpec> ParseSpec(const json& j, const NodeConfig& node) {
   SandboxSpec spec;
   try {
@@ -51,21 +45,15 @@ Result<SandboxSpec> ParseSpec(const json& j, const NodeConfig& node) {
     spec.store = j.value("store", "");
     spec.backend = j.value("backend", kDefaultBackend);
     if (!node.backends || !node.backends->Find(spec.backend).ok()) {
-      return Error(EINVAL, StrCat("create: backend must be ", NamesOr(node.backends ? node.backends->Names() : std::vector<std::string>{}),
+      return Error(EINVAL, StrCat("create: backend must be ", JoinOr(node.backends ? node.backends->Names() : std::vector<std::string>{}),
                                   ", not ", Quote(spec.backend)));
     }
     spec.runtime = j.value("runtime", "");
-    if (!spec.runtime.empty()) {
-      if (!(*node.backends->Find(spec.backend))->oci_runtime) {
-        return Error(EINVAL, StrCat("create: runtime ", Quote(spec.runtime), ": a ", spec.backend,
-                                    " sandbox runs no OCI runtime (containers and fncall pools do)"));
-      }
-      auto runtime = node.RuntimeFor(spec.runtime);
-      if (!runtime.ok()) return runtime.status().Annotate("create");
-      // The node's default is said by none: pools and their takes match
-      // whether a create named it or not.
-      if (*runtime == node.runtime) spec.runtime.clear();
-    }
+    auto runtime = RuntimeOf(**node.backends->Find(spec.backend), node, spec.runtime);
+    if (!runtime.ok()) return runtime.status().Annotate("create");
+    // The node's default is said by none: pools and their takes match
+    // whether a create named it or not.
+    if (*runtime == node.runtime) spec.runtime.clear();
     spec.limits.cpus = j.value("cpus", 0.0);
     spec.limits.pids = j.value("pids", int64_t{0});
     if (j.contains("memory")) {

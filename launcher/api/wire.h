@@ -43,8 +43,6 @@ HttpServer::Response Fail(const Status& s);
 nlohmann::json ErrorJson(const Status& s);
 // A size given as bytes or text ("512M").
 Result<uint64_t> SizeField(const nlohmann::json& j, const char* name);
-// "a, b or c".
-std::string NamesOr(const std::vector<std::string>& names);
 
 // A create's sandbox spec; EINVAL naming the field. The back end must be
 // one of `node`'s.

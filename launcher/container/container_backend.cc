@@ -67,8 +67,8 @@ Status AddContainerBackends(BackendTable& table) {
         return std::make_unique<ContainerBackend>(node, id, dir, true);
       },
       .sweep = sweep,
-      .calls = true,
-      .oci_runtime = true,  // (its memory is its pool's: none of its own)
+      .calls = true,  // (its memory is its pool's: none of its own)
+      .oci_runtime = true,
   });
 }
 

@@ -28,6 +28,12 @@ Status BackendTable::Add(BackendKind kind) {
   return OkStatus();
 }
 
+Result<std::string> RuntimeOf(const BackendKind& kind, const NodeConfig& node, const std::string& requested) {
+  if (kind.oci_runtime) return node.RuntimeFor(requested);
+  if (requested.empty()) return std::string();
+  return Error(EINVAL, StrCat("runtime ", Quote(requested), ": a ", kind.name, " sandbox runs no OCI runtime (containers and fncall pools do)"));
+}
+
 Result<const BackendKind*> BackendTable::Find(std::string_view name) const {
   for (const auto& k : kinds_) {
     if (k.name == name) return &k;

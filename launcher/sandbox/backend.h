@@ -162,6 +162,11 @@ struct BackendKind {
   bool machine = false;
 };
 
+// The OCI runtime a sandbox of `kind` runs when its create names
+// `requested` (NodeConfig::RuntimeFor); empty for a kind that runs none,
+// and EINVAL when such a create names one.
+Result<std::string> RuntimeOf(const BackendKind& kind, const NodeConfig& node, const std::string& requested);
+
 // The back ends a node offers, by name. Filled once at start; read-only
 // (and so safe to share between threads) after.
 class BackendTable {

@@ -191,10 +191,7 @@ Result<std::string> NodeConfig::RuntimeFor(const std::string& requested) const {
   for (const auto& r : runtimes) {
     if (requested == Basename(r) && requested.find('/') == std::string::npos) return r;
   }
-  const auto names = RuntimeNames();
-  std::string offered = names.size() < 2 ? Join(names, "")
-                                         : Join(std::vector<std::string>(names.begin(), names.end() - 1), ", ") + " or " + names.back();
-  return Error(EINVAL, StrCat("runtime ", Quote(requested), ": this node offers ", offered,
+  return Error(EINVAL, StrCat("runtime ", Quote(requested), ": this node offers ", JoinOr(RuntimeNames()),
                               " (an OCI runtime it runs is installed and named in STRATA_RUNTIMES)"));
 }
 
@@ -236,11 +233,7 @@ Status Sandbox::Start(const SandboxSpec& spec) {
     return Error(ENOENT, "find strata-agent: not beside the launcher nor in /usr/local/lib/strata (set STRATA_AGENT)");
   }
   STRATA_ASSIGN_OR_RETURN(kind_, FindBackend(node_, spec.backend));
-  if (kind_->oci_runtime) {
-    STRATA_ASSIGN_OR_RETURN(spec_.runtime, node_.RuntimeFor(spec.runtime));
-  } else if (!spec.runtime.empty()) {
-    return Error(EINVAL, StrCat("runtime ", Quote(spec.runtime), ": a ", spec.backend, " sandbox runs no OCI runtime (containers and fncall pools do)"));
-  }
+  STRATA_ASSIGN_OR_RETURN(spec_.runtime, RuntimeOf(*kind_, node_, spec.runtime));
   backend_ = kind_->make(node_, id_, dir_);
   STRATA_RETURN_IF_ERROR(MakeDirs(dir_ + "/agent", 0711));
   // Who owns the sandbox: a sweep removes it once this process is gone

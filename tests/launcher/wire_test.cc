@@ -8,7 +8,9 @@
 #include <string>
 
 #include "launcher/backends/node_backends.h"
+#include "common/strings.h"
 #include "launcher/protocol/protocol.h"
+#include "tests/testing/test_util.h"
 
 namespace strata::launcher::api {
 namespace {
@@ -48,6 +50,29 @@ TEST(WireTest, ASpecNamesTheBackEndsTheNodeHas) {
   EXPECT_NE(bad.find("container"), std::string::npos) << bad;
   EXPECT_NE(Why(ParseSpec({{"layers", json::array()}}, node).status()).find("at least one layer"), std::string::npos);
   EXPECT_NE(Why(ParseSpec({{"layers", {"b:1"}}, {"ttl", -5}}, node).status()).find("ttl"), std::string::npos);
+}
+
+// A runtime by name among those the node offers; the default said or not
+// is one spec (warm pools match either); none for a microVM, no path.
+TEST(WireTest, ASpecNamesARuntimeTheNodeOffersOrIsRefused) {
+  NodeConfig node;
+  node.backends = NodeBackends();
+  node.runtime = "/usr/bin/crun";
+  node.runtimes = {"runc"};
+  ASSERT_OK_AND_ASSIGN(SandboxSpec runc, ParseSpec({{"layers", {"b:1"}}, {"runtime", "runc"}}, node));
+  EXPECT_EQ(runc.runtime, "runc");
+  for (const char* dflt : {"", "crun", "/usr/bin/crun"}) {
+    ASSERT_OK_AND_ASSIGN(SandboxSpec spec, ParseSpec({{"layers", {"b:1"}}, {"runtime", dflt}}, node));
+    EXPECT_EQ(spec.runtime, "") << dflt;
+  }
+  ASSERT_OK_AND_ASSIGN(SandboxSpec fncall, ParseSpec({{"layers", {"b:1"}}, {"backend", "fncall"}, {"runtime", "runc"}}, node));
+  EXPECT_EQ(fncall.runtime, "runc");
+  for (const char* bad : {"kata", "/usr/bin/runc", "/tmp/runc"}) {
+    const std::string why = Why(ParseSpec({{"layers", {"b:1"}}, {"runtime", bad}}, node).status());
+    EXPECT_NE(why.find(StrCat("create: runtime ", bad, ": this node offers crun or runc")), std::string::npos) << why;
+  }
+  const std::string vm = Why(ParseSpec({{"layers", {"b:1"}}, {"backend", "microvm"}, {"runtime", "runc"}}, node).status());
+  EXPECT_NE(vm.find("a microvm sandbox runs no OCI runtime"), std::string::npos) << vm;
 }
 
 TEST(WireTest, SignalsByNumberOrName) {
